@@ -1,0 +1,1 @@
+"""saturn.codegen: kernel emitters and library-call plans (torch-free)."""

@@ -1,0 +1,27 @@
+"""saturn: a PyTorch device and ``torch.compile`` backend whose graph compiler is an e-graph.
+
+``import saturn`` builds (once, cached) and loads the C++ extension that registers
+the ``saturn`` device: ``saturn:0`` is a CPU reference device, ``saturn:1..n`` are
+the GPUs. ``torch.saturn`` is the device module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _runtime
+
+_runtime.load()
+
+from . import device_module  # noqa: E402
+from ._array_interface import install as _install_array_interface  # noqa: E402
+
+torch._register_device_module("saturn", device_module)
+torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+_install_array_interface()
+
+device_count = device_module.device_count
+fallback_counts = device_module.fallback_counts
+memory_stats = device_module.memory_stats
+
+__all__ = ["device_count", "device_module", "fallback_counts", "memory_stats"]

@@ -1,0 +1,132 @@
+// Registrations with the dispatcher: native kernels, the counted CPU fallback,
+// and the runtime queries Python reads (namespace saturn_rt).
+#include "allocator.h"
+#include "driver.h"
+#include "guard.h"
+#include "hooks.h"
+#include "ops.h"
+
+#include <ATen/native/CPUFallback.h>
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace saturn {
+namespace {
+
+std::mutex fallback_mu;
+std::map<std::string, int64_t>& fallback_counts() {
+  static std::map<std::string, int64_t> counts;
+  return counts;
+}
+
+// Every op without a saturn kernel runs here: arguments copied to the CPU, the
+// CPU kernel run, results (and mutated arguments) copied back. Counted by name.
+void counted_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.schema().operator_name();
+  const std::string key = name.overload_name.empty() ? name.name
+                                                     : name.name + "." + name.overload_name;
+  {
+    std::lock_guard<std::mutex> lock(fallback_mu);
+    ++fallback_counts()[key];
+  }
+  at::native::cpu_fallback(op, stack);
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> fallback_snapshot() {
+  std::lock_guard<std::mutex> lock(fallback_mu);
+  std::vector<std::string> names;
+  std::vector<int64_t> counts;
+  for (const auto& [k, v] : fallback_counts()) {
+    names.push_back(k);
+    counts.push_back(v);
+  }
+  return {names, counts};
+}
+
+void fallback_reset() {
+  std::lock_guard<std::mutex> lock(fallback_mu);
+  fallback_counts().clear();
+}
+
+c10::DeviceIndex narrow(int64_t index) { return static_cast<c10::DeviceIndex>(index); }
+
+std::vector<int64_t> memory_counters(int64_t index) {
+  const Counters c = counters(resolve(narrow(index)));
+  return {c.allocated, c.reserved, c.peak_allocated, c.peak_reserved, c.hits,
+          c.misses,    c.retries,  c.failures,       c.allocations};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&counted_cpu_fallback>());
+}
+
+TORCH_LIBRARY(saturn_rt, m) {
+  m.def("device_count() -> int", [] { return static_cast<int64_t>(device_count()); });
+  m.def("gpu_unavailable_reason() -> str", [] { return gpu_unavailable_reason(); });
+  m.def("current_device() -> int", [] { return static_cast<int64_t>(current_device()); });
+  m.def("set_device(int index) -> ()", [](int64_t i) { set_current_device(narrow(i)); });
+  m.def("synchronize(int index) -> ()", [](int64_t i) { synchronize(resolve(narrow(i))); });
+  m.def("stream(int index) -> int", [](int64_t i) {
+    return static_cast<int64_t>(reinterpret_cast<uintptr_t>(stream(narrow(i))));
+  });
+  m.def("device_name(int index) -> str", [](int64_t i) { return device_name(resolve(narrow(i))); });
+  m.def("compute_capability(int index) -> int",
+        [](int64_t i) { return static_cast<int64_t>(compute_capability(narrow(i))); });
+  m.def("memory_counters(int index) -> int[]", &memory_counters);
+  m.def("mem_get_info(int index) -> int[]", [](int64_t i) {
+    const auto [free_b, total_b] = device_allocator()->getMemoryInfo(resolve(narrow(i)));
+    return std::vector<int64_t>{static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
+  });
+  m.def("empty_cache(int index) -> int",
+        [](int64_t i) { return static_cast<int64_t>(empty_cache(resolve(narrow(i)))); });
+  m.def("reset_peak(int index) -> ()", [](int64_t i) { reset_peak(resolve(narrow(i))); });
+  m.def("reset_accumulated(int index) -> ()",
+        [](int64_t i) { reset_accumulated(resolve(narrow(i))); });
+  m.def("size_class(int nbytes) -> int",
+        [](int64_t n) { return static_cast<int64_t>(size_class(static_cast<size_t>(n))); });
+  m.def("manual_seed(int index, int seed) -> ()", [](int64_t i, int64_t seed) {
+    at::Generator g = default_generator(narrow(i));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(static_cast<uint64_t>(seed));
+  });
+  m.def("initial_seed(int index) -> int", [](int64_t i) {
+    return static_cast<int64_t>(default_generator(narrow(i)).current_seed());
+  });
+  m.def("get_rng_state(int index) -> Tensor", [](int64_t i) {
+    at::Generator g = default_generator(narrow(i));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.get_state();
+  });
+  m.def("set_rng_state(int index, Tensor state) -> ()", [](int64_t i, const at::Tensor& state) {
+    at::Generator g = default_generator(narrow(i));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(state);
+  });
+  m.def("fallback_counts() -> (str[], int[])", &fallback_snapshot);
+  m.def("fallback_reset() -> ()", &fallback_reset);
+}
+
+}  // namespace saturn

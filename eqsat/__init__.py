@@ -1,0 +1,1 @@
+"""saturn.eqsat: the e-graph compiler core (torch-free)."""

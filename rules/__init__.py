@@ -1,0 +1,1 @@
+"""saturn.rules: the rewrite rules, as .egg files."""

@@ -1,0 +1,45 @@
+"""Shared fixtures: the saturn devices to test on.
+
+saturn:0 (the CPU reference device) always runs; saturn:1 carries the `gpu` marker and
+is skipped, with the reason saturn gives, where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _gpu_skip_reason() -> str | None:
+    import torch
+
+    import saturn  # noqa: F401
+
+    if torch.saturn.gpu_count() > 0:
+        return None
+    return f"no GPU: {torch.saturn.gpu_unavailable_reason()}"
+
+
+def device_params() -> list:
+    reason = _gpu_skip_reason()
+    return [
+        pytest.param("saturn:0", id="saturn0"),
+        pytest.param(
+            "saturn:1",
+            id="saturn1",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(reason is not None, reason=str(reason))],
+        ),
+    ]
+
+
+@pytest.fixture(params=device_params())
+def dev(request) -> str:
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords and not any(m.name == "skipif" for m in item.iter_markers()):
+            reason = reason if reason is not None else (_gpu_skip_reason() or "")
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
