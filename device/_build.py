@@ -22,7 +22,9 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 LIB_NAME = "libsaturn_device"
-FLAGS = ["-std=c++20", "-O2", "-fPIC", "-Wall", "-Wno-unused-parameter"]
+FLAGS = ["-std=c++20", "-fPIC", "-Wall", "-Wno-unused-parameter"]
+# SATURN_DEBUG_BUILD=1 builds with debug information and no optimisation (own cache key).
+OPT = ["-g", "-O0"] if os.environ.get("SATURN_DEBUG_BUILD") == "1" else ["-O2"]
 
 
 class ExtensionBuildError(RuntimeError):
@@ -39,10 +41,30 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        raise ExtensionBuildError("no C++ compiler found (set CXX or install g++)")
-    return cxx
+    # The system compiler first: a toolchain named by CXX may link libstdc++ statically
+    # (seen on a GPU image), giving the extension its own iostream state, which crashes at
+    # the first formatted message. SATURN_CXX overrides; CXX is the last resort.
+    for cxx in (
+        os.environ.get("SATURN_CXX"),
+        shutil.which("c++"),
+        shutil.which("g++"),
+        os.environ.get("CXX"),
+    ):
+        if cxx:
+            return cxx
+    raise ExtensionBuildError("no C++ compiler found (install g++ or set SATURN_CXX)")
+
+
+def _check_links_shared_libstdcxx(lib: Path) -> None:
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        return
+    dynamic = subprocess.run([readelf, "-d", str(lib)], capture_output=True, text=True).stdout
+    if "libstdc++" not in dynamic:
+        raise ExtensionBuildError(
+            f"{lib} does not link libstdc++ dynamically: the compiler linked it statically, "
+            "which breaks sharing C++ objects with torch; set SATURN_CXX to the system g++"
+        )
 
 
 def _torch_paths() -> tuple[Path, Path]:
@@ -50,11 +72,19 @@ def _torch_paths() -> tuple[Path, Path]:
     return root / "include", root / "lib"
 
 
-def _key(cxx: str) -> str:
+def _key(cxx: str, csrc: Path) -> str:
     h = hashlib.sha256()
-    for part in (torch.__version__, torch.__file__, sys.version, platform.machine(), cxx, *FLAGS):
+    for part in (
+        torch.__version__,
+        torch.__file__,
+        sys.version,
+        platform.machine(),
+        cxx,
+        *FLAGS,
+        *OPT,
+    ):
         h.update(part.encode())
-    for f in sorted(CSRC.glob("*")):
+    for f in sorted(csrc.glob("*")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -72,10 +102,10 @@ def _run(cmd: list[str]) -> None:
         )
 
 
-def build() -> Path:
+def build(csrc: Path = CSRC) -> Path:
     """Return the path of the built library, compiling it first if no cached copy exists."""
     cxx = _compiler()
-    out_dir = cache_dir() / "ext" / _key(cxx)
+    out_dir = cache_dir() / "ext" / _key(cxx, csrc)
     lib = out_dir / f"{LIB_NAME}.so"
     if lib.exists():
         return lib
@@ -86,8 +116,8 @@ def build() -> Path:
             return lib
         include, libdir = _torch_paths()
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        common = [*FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
-        sources = sorted(CSRC.glob("*.cpp"))
+        common = [*FLAGS, *OPT, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
+        sources = sorted(csrc.glob("*.cpp"))
         objects = [out_dir / (s.stem + ".o") for s in sources]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
             jobs = [
@@ -98,9 +128,21 @@ def build() -> Path:
                 job.result()
         tmp = out_dir / f"{LIB_NAME}.so.tmp"
         _run(
-            [cxx, "-shared", *map(str, objects), "-o", str(tmp), f"-L{libdir}",
-             f"-Wl,-rpath,{libdir}", "-lc10", "-ltorch_cpu", "-ltorch", "-ldl"]
+            [
+                cxx,
+                "-shared",
+                *map(str, objects),
+                "-o",
+                str(tmp),
+                f"-L{libdir}",
+                f"-Wl,-rpath,{libdir}",
+                "-lc10",
+                "-ltorch_cpu",
+                "-ltorch",
+                "-ldl",
+            ]
         )
+        _check_links_shared_libstdcxx(tmp)
         tmp.rename(lib)
         for o in objects:
             o.unlink(missing_ok=True)

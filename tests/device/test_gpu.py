@@ -27,7 +27,7 @@ def test_out_of_memory_recovers_by_releasing_the_cache():
     block = 16 << 30
     held = []
     failures = torch.saturn.memory_stats(GPU)["failures"]
-    with pytest.raises(torch.OutOfMemoryError, match="released .* cached bytes"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"released .* cached bytes"):
         for _ in range(64):
             held.append(torch.empty(block, dtype=torch.uint8, device=GPU))
     assert torch.saturn.memory_stats(GPU)["failures"] == failures + 1
@@ -61,8 +61,12 @@ def test_numba_kernel_reads_saturn_tensor():
     y = torch.randn(10_001)
     xs, ys = x.to(GPU), y.to(GPU)
     out = torch.empty_like(xs).fill_(float("nan"))
+    # cuda.core (under numba-cuda) special-cases torch tensors and rejects a PrivateUse1
+    # device, so hand Numba views built from the CUDA array interface.
+    views = [cuda.as_cuda_array(t) for t in (xs, ys, out)]
+    assert views[0].__cuda_array_interface__["data"][0] == xs.data_ptr()  # no copy
     stream = cuda.external_stream(torch.saturn.stream_handle(GPU))
-    axpy[(x.numel() + 255) // 256, 256, stream](2.0, xs, ys, out)
+    axpy[(x.numel() + 255) // 256, 256, stream](2.0, *views)
     torch.testing.assert_close(out.cpu(), 2.0 * x + y, rtol=1e-6, atol=1e-6)
     cai = xs.__cuda_array_interface__
     assert cai["data"][0] == xs.data_ptr() and cai["typestr"] == "<f4"

@@ -155,7 +155,7 @@ def test_bad_input_raises_and_process_keeps_working(dev):
 def test_saturn1_without_gpu_is_a_clear_error():
     if torch.saturn.gpu_count() > 0:
         pytest.skip("this machine has a GPU, so saturn:1 exists")
-    with pytest.raises(IndexError, match="only saturn:0.*no GPU"):
+    with pytest.raises(IndexError, match=r"only saturn:0.*no GPU"):
         torch.empty(3, device="saturn:1")
     with pytest.raises(IndexError, match="only saturn:0"):
         torch.saturn.set_device(1)

@@ -66,7 +66,9 @@ def test_factories(dev):
     e = torch.empty(3, 4, device=dev)
     assert e.shape == (3, 4) and e.device == torch.device(dev)
     assert torch.equal(torch.zeros(2, 3, device=dev).cpu(), torch.zeros(2, 3))
-    assert torch.equal(torch.ones(2, 3, device=dev, dtype=torch.int32).cpu(), torch.ones(2, 3, dtype=torch.int32))
+    assert torch.equal(
+        torch.ones(2, 3, device=dev, dtype=torch.int32).cpu(), torch.ones(2, 3, dtype=torch.int32)
+    )
     assert torch.equal(torch.arange(2, 17, 3, device=dev).cpu(), torch.arange(2, 17, 3))
     assert torch.equal(torch.full((4,), 2.5, device=dev).cpu(), torch.full((4,), 2.5))
     torch.manual_seed(1234)
