@@ -1,0 +1,277 @@
+"""The operation table: every fact about every operation saturn knows, in one place.
+
+A row gives the term-language name, the ATen spellings that import to it, the category,
+the tensor arity and the attributes, the scalar expression the kernel emitters write for
+an elementwise op (with its device-level ``E*`` constructor), the dtypes the device runs,
+the shape rule, and the numpy reference used by the evaluator. The egglog schema
+(``rules/schema.egg``) and the generated placement rules (``rules/placement.egg``) are
+written from this table by ``saturn.eqsat.schema``; a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# --- dtypes --------------------------------------------------------------------------
+
+FLOATS = ("f16", "bf16", "f32", "f64")
+SIGNED = ("i8", "i16", "i32", "i64")
+INTS = ("u8", *SIGNED)
+ALL = ("bool", *INTS, *FLOATS)
+# What the generated kernels compute in: float32/float64 and the integer types.
+DEVICE_FLOATS = ("f32", "f64")
+DEVICE_NUMERIC = ("f32", "f64", "i32", "i64")
+DEVICE_ALL = ("bool", "f32", "f64", "i32", "i64")
+
+NUMPY_DTYPE = {
+    "bool": np.bool_,
+    "u8": np.uint8,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+}
+ITEMSIZE = {"bool": 1, "u8": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f16": 2, "bf16": 2,
+            "f32": 4, "f64": 8}
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOATS
+
+
+# --- categories and attribute kinds ----------------------------------------------------
+
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+MOVEMENT = "movement"
+MATMUL = "matmul"
+CONVOLUTION = "convolution"
+NORMALIZATION = "normalization"  # composite ops that decompose (softmax, layer norm, ...)
+COPY = "copy"
+CUSTOM = "custom"
+LEAF = "leaf"
+CATEGORIES = (ELEMENTWISE, REDUCTION, MOVEMENT, MATMUL, CONVOLUTION, NORMALIZATION, COPY,
+              CUSTOM, LEAF)
+
+# attribute kind -> egglog sort
+ATTR_SORTS = {"int": "i64", "float": "f64", "ints": "IVec", "str": "String", "bits": "i64"}
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str  # term-language constructor, e.g. "Add"
+    category: str
+    arity: int  # tensor operands
+    attrs: tuple[tuple[str, str], ...] = ()  # (name, kind)
+    aten: tuple[str, ...] = ()  # ATen overloads that import to this row
+    expr: str | None = None  # scalar expression template over {0}, {1}, ... (elementwise)
+    numpy: Callable | None = None  # reference semantics for the evaluator
+    dtypes: tuple[str, ...] = ()  # dtypes the device runs; () = host only
+    shape: str = "same"  # shape rule name (see saturn.eqsat.types)
+    out_dtype: str | None = None  # fixed result dtype ("bool" for comparisons)
+    flops: int = 1  # arithmetic per output element, for the cost model
+    doc: str = ""
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def device_expr(self) -> str:
+        """The device-level Expr constructor of an elementwise op (``Add`` -> ``EAdd``)."""
+        return "E" + self.name
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    # torch: x if not x < 0 else 0 (keeps -0.0 and NaN)
+    return np.where(x < 0, np.zeros((), x.dtype), x).astype(x.dtype)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    one = x.dtype.type(1)
+    with np.errstate(over="ignore"):
+        return (one / (one + np.exp(-x))).astype(x.dtype)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    half, one, r2 = (x.dtype.type(v) for v in (0.5, 1.0, 1 / math.sqrt(2)))
+    return (x * half * (one + _erf(x * r2))).astype(x.dtype)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    t = x.dtype.type
+    inner = t(math.sqrt(2 / math.pi)) * (x + t(0.044715) * x * x * x)
+    return (t(0.5) * x * (t(1) + np.tanh(inner))).astype(x.dtype)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return (x * _sigmoid(x)).astype(x.dtype)
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.true_divide(a, b).astype(np.result_type(a, b))
+
+
+def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.maximum(a, b)  # propagates NaN, as torch.maximum
+
+
+def _min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.minimum(a, b)
+
+
+def _unary(fn: Callable) -> Callable:
+    def run(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(x).astype(x.dtype)
+
+    return run
+
+
+def _binary(fn: Callable) -> Callable:
+    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(a, b)
+
+    return run
+
+
+def _ew(name, arity, expr, numpy, dtypes=DEVICE_FLOATS, aten=(), flops=1, out_dtype=None,
+        doc=""):
+    return Op(name, ELEMENTWISE, arity, (), tuple(aten), expr, numpy, tuple(dtypes),
+              "broadcast" if arity > 1 else "same", out_dtype, flops, doc)
+
+
+OPS: tuple[Op, ...] = (
+    # leaves
+    Op("Input", LEAF, 0, (("name", "str"),), doc="a graph input"),
+    Op("Param", LEAF, 0, (("name", "str"),), doc="a parameter (weight) input"),
+    Op("Scalar", LEAF, 0, (("bits", "bits"), ("dtype", "str")), shape="scalar",
+       doc="a rank-0 constant; the value is the float64 bit pattern (keeps -0.0 apart)"),
+    # elementwise, unary
+    _ew("Neg", 1, "-{0}", _unary(np.negative), DEVICE_NUMERIC, ("aten.neg.default",)),
+    _ew("Abs", 1, "abs({0})", _unary(np.abs), DEVICE_NUMERIC, ("aten.abs.default",)),
+    _ew("Exp", 1, "math.exp({0})", _unary(np.exp), aten=("aten.exp.default",), flops=4),
+    _ew("Log", 1, "math.log({0})", _unary(np.log), aten=("aten.log.default",), flops=4),
+    _ew("Sqrt", 1, "math.sqrt({0})", _unary(np.sqrt), aten=("aten.sqrt.default",), flops=2),
+    _ew("Rsqrt", 1, "{one} / math.sqrt({0})", _unary(lambda x: x.dtype.type(1) / np.sqrt(x)),
+        aten=("aten.rsqrt.default",), flops=3),
+    _ew("Reciprocal", 1, "{one} / {0}", _unary(lambda x: x.dtype.type(1) / x),
+        aten=("aten.reciprocal.default",), flops=2),
+    _ew("Tanh", 1, "math.tanh({0})", _unary(np.tanh), aten=("aten.tanh.default",), flops=6),
+    _ew("Erf", 1, "math.erf({0})", _erf, aten=("aten.erf.default",), flops=8),
+    _ew("Sigmoid", 1, "{one} / ({one} + math.exp(-{0}))", _sigmoid,
+        aten=("aten.sigmoid.default",), flops=6),
+    _ew("Relu", 1, "({zero} if {0} < {zero} else {0})", _relu, DEVICE_NUMERIC,
+        ("aten.relu.default",)),
+    _ew("Gelu", 1, "{0} * {half} * ({one} + math.erf({0} * {rsqrt2}))", _gelu,
+        aten=("aten.gelu.default",), flops=12, doc="exact (erf) GELU"),
+    _ew("GeluTanh", 1,
+        "{half} * {0} * ({one} + math.tanh({sqrt2pi} * ({0} + {c0447} * {0} * {0} * {0})))",
+        _gelu_tanh, aten=("aten.gelu.default:tanh",), flops=12, doc="tanh-approximated GELU"),
+    _ew("Silu", 1, "{0} / ({one} + math.exp(-{0}))", _silu, aten=("aten.silu.default",),
+        flops=7),
+    # elementwise, binary
+    _ew("Add", 2, "{0} + {1}", _binary(np.add), DEVICE_NUMERIC,
+        ("aten.add.Tensor", "aten.add.Scalar")),
+    _ew("Sub", 2, "{0} - {1}", _binary(np.subtract), DEVICE_NUMERIC,
+        ("aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar")),
+    _ew("Mul", 2, "{0} * {1}", _binary(np.multiply), DEVICE_NUMERIC,
+        ("aten.mul.Tensor", "aten.mul.Scalar")),
+    _ew("Div", 2, "{0} / {1}", _div, DEVICE_FLOATS, ("aten.div.Tensor", "aten.div.Scalar"),
+        flops=2),
+    _ew("Maximum", 2, "max_nan({0}, {1})", _binary(_max), DEVICE_NUMERIC,
+        ("aten.maximum.default",)),
+    _ew("Minimum", 2, "min_nan({0}, {1})", _binary(_min), DEVICE_NUMERIC,
+        ("aten.minimum.default",)),
+    _ew("Pow", 2, "{0} ** {1}", _binary(np.power), DEVICE_FLOATS,
+        ("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor"), flops=8),
+    _ew("Gt", 2, "{0} > {1}", _binary(np.greater), DEVICE_NUMERIC,
+        ("aten.gt.Tensor", "aten.gt.Scalar"), out_dtype="bool"),
+    _ew("Lt", 2, "{0} < {1}", _binary(np.less), DEVICE_NUMERIC,
+        ("aten.lt.Tensor", "aten.lt.Scalar"), out_dtype="bool"),
+    _ew("Ge", 2, "{0} >= {1}", _binary(np.greater_equal), DEVICE_NUMERIC,
+        ("aten.ge.Tensor", "aten.ge.Scalar"), out_dtype="bool"),
+    _ew("Le", 2, "{0} <= {1}", _binary(np.less_equal), DEVICE_NUMERIC,
+        ("aten.le.Tensor", "aten.le.Scalar"), out_dtype="bool"),
+    _ew("Eq", 2, "{0} == {1}", _binary(np.equal), DEVICE_ALL,
+        ("aten.eq.Tensor", "aten.eq.Scalar"), out_dtype="bool"),
+    # elementwise, ternary
+    _ew("Where", 3, "({1} if {0} else {2})", lambda c, a, b: np.where(c, a, b), DEVICE_ALL,
+        ("aten.where.self",)),
+    Op("Cast", ELEMENTWISE, 1, (("dtype", "str"),), ("aten._to_copy.default",),
+       "{cast}({0})", None, DEVICE_ALL, "same", None, 1, "dtype conversion"),
+    # reductions: (x, dims, keepdim)
+    Op("Sum", REDUCTION, 1, (("dims", "ints"), ("keepdim", "int")), ("aten.sum.dim_IntList",),
+       None, np.sum, DEVICE_NUMERIC, "reduce"),
+    Op("Mean", REDUCTION, 1, (("dims", "ints"), ("keepdim", "int")), ("aten.mean.dim",),
+       None, np.mean, DEVICE_FLOATS, "reduce"),
+    Op("Amax", REDUCTION, 1, (("dims", "ints"), ("keepdim", "int")), ("aten.amax.default",),
+       None, np.max, DEVICE_NUMERIC, "reduce"),
+    Op("Amin", REDUCTION, 1, (("dims", "ints"), ("keepdim", "int")), ("aten.amin.default",),
+       None, np.min, DEVICE_NUMERIC, "reduce"),
+    Op("Prod", REDUCTION, 1, (("dims", "ints"), ("keepdim", "int")), ("aten.prod.dim_int",),
+       None, np.prod, DEVICE_NUMERIC, "reduce"),
+    Op("Var", REDUCTION, 1, (("dims", "ints"), ("correction", "int"), ("keepdim", "int")),
+       ("aten.var.correction",), None, None, (), "reduce",
+       doc="variance; decomposes into Mean and elementwise ops"),
+    # composite ops that decompose into the ones above
+    Op("Softmax", NORMALIZATION, 1, (("dim", "int"),), ("aten._softmax.default",)),
+    Op("LogSoftmax", NORMALIZATION, 1, (("dim", "int"),), ("aten._log_softmax.default",)),
+    Op("LayerNorm", NORMALIZATION, 3, (("ndims", "int"), ("eps", "float")),
+       ("aten.native_layer_norm.default",), doc="x, weight, bias over the last ndims axes"),
+    Op("BatchNormInf", NORMALIZATION, 5, (("eps", "float"),),
+       ("aten._native_batch_norm_legit_no_training.default",),
+       doc="x, weight, bias, running mean, running var; channels on axis 1"),
+    # movement: views of their operand
+    Op("View", MOVEMENT, 1, (("shape", "ints"),), ("aten.view.default",
+                                                   "aten._unsafe_view.default",
+                                                   "aten.reshape.default"), shape="view"),
+    Op("Permute", MOVEMENT, 1, (("perm", "ints"),), ("aten.permute.default",),
+       shape="permute"),
+    Op("Expand", MOVEMENT, 1, (("shape", "ints"),), ("aten.expand.default",), shape="expand"),
+    # library calls
+    Op("MatMul", MATMUL, 2, (), ("aten.mm.default",), dtypes=DEVICE_FLOATS, shape="matmul"),
+    Op("BatchMatMul", MATMUL, 2, (), ("aten.bmm.default",), dtypes=DEVICE_FLOATS,
+       shape="bmm"),
+    Op("Addmm", MATMUL, 3, (), ("aten.addmm.default",), dtypes=DEVICE_FLOATS, shape="addmm",
+       doc="bias + a @ b with alpha = beta = 1 (other values stay opaque)"),
+    Op("Conv2d", CONVOLUTION, 3,
+       (("stride", "ints"), ("padding", "ints"), ("dilation", "ints"), ("groups", "int")),
+       ("aten.convolution.default",), dtypes=DEVICE_FLOATS, shape="conv2d"),
+    Op("Conv2dNoBias", CONVOLUTION, 2,
+       (("stride", "ints"), ("padding", "ints"), ("dilation", "ints"), ("groups", "int")),
+       (), dtypes=DEVICE_FLOATS, shape="conv2d"),
+    # custom ops found by opt-in patterns
+    Op("RMSNorm", CUSTOM, 2, (("eps", "bits"),), (), dtypes=DEVICE_FLOATS, shape="same",
+       doc="x * rsqrt(mean(x*x, -1) + eps) * weight"),
+)
+
+BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
+BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
+
+# Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
+# so the schema and the consumers agree on them.
+KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Custom")
+REDUCE_KINDS = {"Sum": "sum", "Mean": "mean", "Amax": "max", "Amin": "min", "Prod": "prod"}
+GEMM_EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
+
+
+def op(name: str) -> Op:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no operation named {name!r} in the op table") from None
+
+
+def elementwise() -> list[Op]:
+    return [o for o in OPS if o.category == ELEMENTWISE]
