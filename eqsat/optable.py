@@ -227,9 +227,9 @@ OPS: tuple[Op, ...] = (
     # composite ops that decompose into the ones above
     Op("Softmax", NORMALIZATION, 1, (("dim", "int"),), ("aten._softmax.default",)),
     Op("LogSoftmax", NORMALIZATION, 1, (("dim", "int"),), ("aten._log_softmax.default",)),
-    Op("LayerNorm", NORMALIZATION, 3, (("ndims", "int"), ("eps", "float")),
-       ("aten.native_layer_norm.default",), doc="x, weight, bias over the last ndims axes"),
-    Op("BatchNormInf", NORMALIZATION, 5, (("eps", "float"),),
+    Op("LayerNorm", NORMALIZATION, 3, (("dims", "ints"), ("eps", "bits")),
+       ("aten.native_layer_norm.default",), doc="x, weight, bias; normalised over dims"),
+    Op("BatchNormInf", NORMALIZATION, 5, (("eps", "bits"),),
        ("aten._native_batch_norm_legit_no_training.default",),
        doc="x, weight, bias, running mean, running var; channels on axis 1"),
     # movement: views of their operand

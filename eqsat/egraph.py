@@ -1,0 +1,237 @@
+"""The e-graph of one compile: built from a graph, saturated under bounds, read back.
+
+``Saturation`` loads the rule files, adds the graph's terms (with dtype and rank facts),
+and runs one iteration at a time: every enabled ruleset once, then the analysis ruleset to
+a fixpoint. It stops when an iteration changes nothing (saturated) or a bound is hit
+(iterations, e-graph size, wall time) and says which. ``snapshot()`` reads the e-graph into
+plain Python (``EGraphView``) for extraction and drawing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import egglog.bindings as eb
+
+from . import optable as T
+from .errors import EqsatError, GraphError
+from .graph import Graph
+from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files
+
+EQ_SORTS = ("Tensor", "Expr", "TList")
+ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    iterations: int = 12
+    max_enodes: int = 50_000
+    seconds: float = 10.0
+
+
+@dataclass
+class IterationStats:
+    index: int
+    matches: dict[str, int]  # rule name -> matches this iteration
+    enodes: int
+    seconds: float
+    changed: bool
+
+
+@dataclass
+class SaturationReport:
+    iterations: list[IterationStats] = field(default_factory=list)
+    stop_reason: str = ""  # "saturated" or the bound that stopped it
+
+    @property
+    def saturated(self) -> bool:
+        return self.stop_reason == "saturated"
+
+    def rule_totals(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for it in self.iterations:
+            for rule, n in it.matches.items():
+                out[rule] = out.get(rule, 0) + n
+        return dict(sorted(out.items()))
+
+    def summary(self) -> str:
+        lines = [f"saturation: {self.stop_reason} after {len(self.iterations)} iterations"]
+        for it in self.iterations:
+            fired = ", ".join(f"{k} x{v}" for k, v in sorted(it.matches.items()) if v)
+            lines.append(f"  iter {it.index}: {it.enodes} e-nodes, {it.seconds * 1e3:.1f} ms"
+                         f"{'' if it.changed else ' (no change)'}: {fired or 'no matches'}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ENode:
+    op: str
+    kids: tuple[int, ...]  # e-class ids of the e-sorted arguments, in order
+    attrs: tuple  # primitive arguments, in order
+
+
+@dataclass
+class EGraphView:
+    """A read-only copy of the e-graph: classes, their e-nodes, and the graph's roots."""
+
+    classes: dict[int, list[ENode]]
+    sort: dict[int, str]
+    named: dict[str, int]  # graph node name -> e-class
+    outputs: list[int]
+
+    def enode_count(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+
+def _vid(v) -> int:
+    return int(str(v)[6:-1])  # "Value(12)"
+
+
+def _term(node, graph: Graph, names: dict[str, str]) -> str:
+    """The egglog term of one graph node, its operands by their global names."""
+    args = [names[a] for a in node.args]
+    if node.op in ("Input", "Param"):
+        return f'({node.op} "{node.name}")'
+    if node.op == "Scalar":
+        return f'(Scalar {node.attrs[0]} "{node.attrs[1]}")'
+    if node.op == "Opaque":
+        lst = "(TNil)"
+        for a in reversed(args):
+            lst = f"(TCons {a} {lst})"
+        uid = abs(hash(node.name)) % (1 << 62)
+        return f'(Opaque "{node.attrs[0]}" {uid} {lst})'
+    row = T.BY_NAME[node.op]
+    parts = list(args)
+    for (_, kind), a in zip(row.attrs, node.attrs, strict=True):
+        if kind == "ints":
+            parts.append("(vec-of " + " ".join(str(int(x)) for x in a) + ")" if a
+                         else "(vec-empty)")
+        elif kind == "str":
+            parts.append(f'"{a}"')
+        elif kind == "float":
+            parts.append(repr(float(a)))
+        else:
+            parts.append(str(int(a)))
+    return f"({node.op} {' '.join(parts)})"
+
+
+def graph_program(graph: Graph) -> tuple[str, dict[str, str]]:
+    """egglog commands adding the graph's terms and facts; the global name of each node."""
+    names: dict[str, str] = {}
+    lines = []
+    for i, node in enumerate(graph.nodes.values()):
+        g = f"$n{i}"
+        lines.append(f"(let {g} {_term(node, graph, names)})")
+        lines.append(f'(set (dtype {g}) "{node.dtype}")')
+        lines.append(f"(set (rank {g}) {len(node.shape)})")
+        names[node.name] = g
+    return "\n".join(lines) + "\n", names
+
+
+class Saturation:
+    """One e-graph: rules loaded, the graph added, saturated step by step."""
+
+    def __init__(self, graph: Graph, rules: list | None = None, rewrites: list[str] | None = None,
+                 bounds: Bounds | None = None):
+        self.graph = graph
+        self.bounds = bounds or Bounds()
+        self.egraph = eb.EGraph()
+        self.ruleset = RuleSet(rule_files(rules))
+        self.ruleset.load_into(self.egraph)
+        unknown = [r for r in rewrites or [] if r not in OPT_IN_RULESETS]
+        if unknown:
+            raise EqsatError(f"unknown rewrites {unknown}; opt-in rulesets: "
+                             f"{list(OPT_IN_RULESETS)}")
+        self.rulesets = [*DEFAULT_RULESETS, *self.ruleset.user_rulesets, *(rewrites or [])]
+        text, self.names = graph_program(graph)
+        try:
+            self._run(text, "<graph>")
+            self._run("(run-schedule (saturate analysis))", "<schedule>")
+        except eb.EggSmolError as e:
+            raise GraphError(f"the graph does not fit the term language: {e}") from None
+        self.report = SaturationReport()
+
+    def _run(self, text: str, name: str):
+        return self.egraph.run_program(*self.egraph.parse_program(text, filename=name))
+
+    def enodes(self) -> int:
+        out = self._run("(print-size)", "<size>")
+        return sum(n for fname, n in out[0].sizes if fname not in ANALYSES
+                   and not fname.startswith("$"))
+
+    def step(self) -> IterationStats:
+        """Run every enabled ruleset once, then the analyses to a fixpoint."""
+        t0 = time.perf_counter()
+        body = " ".join(f"(run {r})" for r in self.rulesets)
+        try:
+            out = self._run(f"(run-schedule (seq {body} (saturate analysis)))", "<schedule>")
+        except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
+            raise EqsatError(f"saturation failed: {e}") from None
+        report = out[0].report
+        matches = {rule: n for rule, n in report.num_matches_per_rule.items()}
+        stats = IterationStats(len(self.report.iterations) + 1, matches, self.enodes(),
+                               time.perf_counter() - t0, report.updated)
+        self.report.iterations.append(stats)
+        return stats
+
+    def run(self) -> SaturationReport:
+        start = time.perf_counter()
+        while True:
+            if len(self.report.iterations) >= self.bounds.iterations:
+                self.report.stop_reason = f"iteration bound ({self.bounds.iterations})"
+                break
+            stats = self.step()
+            if not stats.changed:
+                self.report.stop_reason = "saturated"
+                break
+            if stats.enodes > self.bounds.max_enodes:
+                self.report.stop_reason = f"size bound ({self.bounds.max_enodes} e-nodes)"
+                break
+            if time.perf_counter() - start > self.bounds.seconds:
+                self.report.stop_reason = f"time bound ({self.bounds.seconds} s)"
+                break
+        return self.report
+
+    def snapshot(self) -> EGraphView:
+        frozen = self.egraph.freeze()
+        classes: dict[int, list[ENode]] = {}
+        sort: dict[int, str] = {}
+        globals_: dict[str, int] = {}
+        for fname, fn in frozen.functions.items():
+            if fn.is_let_binding:
+                for row in fn.rows:
+                    globals_[fname] = _vid(row.output)
+                continue
+            if fn.output_sort not in EQ_SORTS:
+                continue
+            in_sorts = list(fn.input_sorts)
+            for row in fn.rows:
+                if row.subsumed:
+                    continue
+                kids, attrs = [], []
+                for s, v in zip(in_sorts, row.inputs, strict=True):
+                    if s in EQ_SORTS:
+                        kids.append(_vid(v))
+                    else:
+                        attrs.append(self._decode(s, v))
+                cid = _vid(row.output)
+                sort[cid] = fn.output_sort
+                classes.setdefault(cid, []).append(ENode(fname, tuple(kids), tuple(attrs)))
+        named = {n: globals_[g] for n, g in self.names.items()}
+        outputs = [named[o] for o in self.graph.outputs]
+        return EGraphView(classes, sort, named, outputs)
+
+    def _decode(self, sort: str, v):
+        e = self.egraph
+        if sort == "i64":
+            return e.value_to_i64(v)
+        if sort == "f64":
+            return e.value_to_f64(v)
+        if sort == "String":
+            return e.value_to_string(v)
+        if sort == "IVec":
+            return tuple(e.value_to_i64(x) for x in e.value_to_vec(v))
+        if sort == "bool":
+            return e.value_to_bool(v)
+        raise EqsatError(f"cannot read a value of sort {sort}")

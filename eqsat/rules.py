@@ -1,0 +1,101 @@
+"""Loading rule files: saturn's own under ``rules/`` and any a user adds.
+
+Each file is parsed with its own name, so a syntax or type error raises ``RuleError`` that
+names the file and line. ``(include "other.egg")`` resolves against the including file's
+folder (not the working directory, as egglog's own include would). Rulesets a user's file
+declares are added to the saturation loop after saturn's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import egglog.bindings as eb
+
+from .errors import RuleError, SourceLoc
+
+RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+# saturn's rule files, in load order. patterns.egg declares an opt-in ruleset.
+DEFAULT_FILES = ("schema.egg", "placement.egg", "simplify.egg", "decompose.egg", "fusion.egg",
+                 "gemm.egg", "patterns.egg")
+# Rulesets that run by default, in order within one iteration; analysis runs to a fixpoint
+# after each. Opt-in rulesets (they may change results in the last bits) run only on request.
+DEFAULT_RULESETS = ("simplify", "decompose", "gemm", "placement", "fusion")
+OPT_IN_RULESETS = ("patterns",)
+
+_SPAN = re.compile(r"In (\d+):(\d+)-\d+ of ([^:]+):")
+
+
+def _error(exc: Exception, path: Path) -> RuleError:
+    text = str(exc)
+    m = _SPAN.search(text)
+    if m:
+        loc = SourceLoc(m.group(3), int(m.group(1)), int(m.group(2)))
+        message = text[m.end():].strip()
+    else:
+        loc = SourceLoc(str(path))
+        message = text.strip()
+    return RuleError(message or "egglog rejected the file", loc)
+
+
+@dataclass
+class RuleSet:
+    """The rule files of one compile, loaded into an e-graph by ``load_into``."""
+
+    files: list[Path] = field(default_factory=list)
+    user_rulesets: list[str] = field(default_factory=list)
+
+    def load_into(self, egraph: eb.EGraph) -> None:
+        seen: set[Path] = set()
+        for f in self.files:
+            self._load(egraph, f, seen, user=f.parent != RULES_DIR)
+
+    def _load(self, egraph: eb.EGraph, path: Path, seen: set[Path], user: bool) -> None:
+        path = path.resolve()
+        if path in seen:
+            return
+        seen.add(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise RuleError(f"cannot read rule file: {e.strerror}", SourceLoc(str(path))) from None
+        try:
+            commands = egraph.parse_program(text, filename=str(path))
+        except eb.EggSmolError as e:
+            raise _error(e, path) from None
+        batch: list = []
+        for cmd in commands:
+            if isinstance(cmd, eb.Include):
+                self._run(egraph, batch, path)
+                batch = []
+                self._load(egraph, path.parent / cmd.path, seen, user)
+                continue
+            if user and isinstance(cmd, eb.AddRuleset) and cmd.name not in self.user_rulesets:
+                self.user_rulesets.append(cmd.name)
+            batch.append(cmd)
+        self._run(egraph, batch, path)
+
+    @staticmethod
+    def _run(egraph: eb.EGraph, commands: list, path: Path) -> None:
+        if not commands:
+            return
+        try:
+            egraph.run_program(*commands)
+        except eb.EggSmolError as e:
+            raise _error(e, path) from None
+
+
+def rule_files(extra: list[str | Path] | None = None) -> list[Path]:
+    """saturn's rule files followed by the user's (files, or folders of ``*.egg``)."""
+    files = [RULES_DIR / f for f in DEFAULT_FILES]
+    for item in extra or []:
+        p = Path(item)
+        if p.is_dir():
+            files += sorted(p.glob("*.egg"))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise RuleError("no such rule file or folder", SourceLoc(str(p)))
+    return files

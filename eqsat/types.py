@@ -1,0 +1,151 @@
+"""Type inference: the dtype and shape of a node from its operands, by the op's shape rule.
+
+The same rules type imported graphs, text graphs, and every e-node during extraction (where
+all e-nodes of a class must agree: the analysis asserts it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import optable as T
+from .errors import GraphError
+
+Shape = tuple[int, ...]
+
+
+def broadcast(*shapes: Shape) -> Shape:
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ValueError(f"shapes {list(shapes)} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def reduce_shape(shape: Shape, dims, keepdim: int) -> Shape:
+    ds = {d % len(shape) if shape else 0 for d in dims}
+    if keepdim:
+        return tuple(1 if i in ds else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in ds)
+
+
+def view_shape(shape: Shape, new) -> Shape:
+    new = list(new)
+    numel = math.prod(shape)
+    if new.count(-1) > 1:
+        raise ValueError("only one dimension can be -1")
+    if -1 in new:
+        rest = math.prod(s for s in new if s != -1)
+        new[new.index(-1)] = numel // rest if rest else 0
+    if math.prod(new) != numel:
+        raise ValueError(f"cannot view {list(shape)} ({numel} elements) as {new}")
+    return tuple(new)
+
+
+def expand_shape(shape: Shape, new) -> Shape:
+    new = list(new)
+    off = len(new) - len(shape)
+    if off < 0:
+        raise ValueError(f"cannot expand {list(shape)} to fewer dimensions {new}")
+    out = []
+    for i, n in enumerate(new):
+        s = shape[i - off] if i >= off else 1
+        if n == -1:
+            n = s
+        if s != 1 and s != n:
+            raise ValueError(f"cannot expand {list(shape)} to {new}")
+        out.append(n)
+    return tuple(out)
+
+
+def conv_shape(x: Shape, w: Shape, stride, padding, dilation, groups) -> Shape:
+    if len(x) != 4 or len(w) != 4:
+        raise ValueError("conv2d takes rank-4 input and weight")
+    if x[1] != w[1] * groups:
+        raise ValueError(f"conv2d: {x[1]} input channels, weight expects {w[1] * groups}")
+    hw = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1
+          for i in range(2)]
+    return (x[0], w[0], *hw)
+
+
+def result_dtype(row: T.Op, dtypes: list[str], attrs: tuple) -> str:
+    if row.name == "Cast":
+        return attrs[0]
+    if row.out_dtype:
+        return row.out_dtype
+    if row.category == T.REDUCTION and row.name in ("Sum", "Prod") and not T.is_float(dtypes[0]):
+        return "i64"  # integer (and bool) sums accumulate and return int64, as PyTorch
+    if row.name == "Where":
+        if dtypes[0] != "bool":
+            raise ValueError("Where's condition must be bool")
+        if dtypes[1] != dtypes[2]:
+            raise ValueError(f"Where's branches have dtypes {dtypes[1]} and {dtypes[2]}")
+        return dtypes[1]
+    if row.category in (T.ELEMENTWISE, T.MATMUL, T.CONVOLUTION) and len(set(dtypes)) > 1:
+        raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
+    if row.name in ("Mean", "Div", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Erf",
+                    "Gelu", "GeluTanh", "Silu", "Softmax", "LogSoftmax", "LayerNorm") \
+            and not T.is_float(dtypes[0]):
+        raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")
+    return dtypes[0]
+
+
+def shape_of(row: T.Op, shapes: list[Shape], attrs: tuple) -> Shape:
+    rule = row.shape
+    if rule == "same":
+        return shapes[0]
+    if rule == "scalar":
+        return ()
+    if rule == "broadcast":
+        return broadcast(*shapes)
+    if rule == "reduce":
+        dims, keepdim = attrs[0], attrs[-1]
+        for d in dims:
+            if not -len(shapes[0]) <= d < max(len(shapes[0]), 1):
+                raise ValueError(f"dim {d} out of range for rank {len(shapes[0])}")
+        return reduce_shape(shapes[0], dims, keepdim)
+    if rule == "view":
+        return view_shape(shapes[0], attrs[0])
+    if rule == "permute":
+        perm = attrs[0]
+        if sorted(p % len(shapes[0]) for p in perm) != list(range(len(shapes[0]))):
+            raise ValueError(f"{list(perm)} is not a permutation of rank {len(shapes[0])}")
+        return tuple(shapes[0][p] for p in perm)
+    if rule == "expand":
+        return expand_shape(shapes[0], attrs[0])
+    if rule in ("matmul", "addmm"):
+        a, b = shapes[-2], shapes[-1]
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            raise ValueError(f"mm of {list(a)} and {list(b)}")
+        out = (a[0], b[1])
+        if rule == "addmm":
+            broadcast(shapes[0], out)
+        return out
+    if rule == "bmm":
+        a, b = shapes
+        if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[2] != b[1]:
+            raise ValueError(f"bmm of {list(a)} and {list(b)}")
+        return (a[0], a[1], b[2])
+    if rule == "conv2d":
+        return conv_shape(shapes[0], shapes[1], *attrs)
+    raise ValueError(f"no shape rule {rule!r}")
+
+
+def infer(graph, node) -> tuple[str, Shape]:
+    """dtype and shape of ``node`` (a graph.Node) from its operands in ``graph``."""
+    row = T.BY_NAME[node.op]
+    if node.op in ("Input", "Param"):
+        return node.dtype, node.shape
+    if node.op == "Scalar":
+        return node.attrs[1], ()
+    operands = [graph.nodes[a] for a in node.args]
+    try:
+        dtype = result_dtype(row, [o.dtype for o in operands], node.attrs)
+        shape = shape_of(row, [o.shape for o in operands], node.attrs)
+    except (ValueError, IndexError) as e:
+        raise GraphError(f"{node.op}: {e}", node.loc) from None
+    return dtype, shape
