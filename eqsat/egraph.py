@@ -59,8 +59,10 @@ class SaturationReport:
         lines = [f"saturation: {self.stop_reason} after {len(self.iterations)} iterations"]
         for it in self.iterations:
             fired = ", ".join(f"{k} x{v}" for k, v in sorted(it.matches.items()) if v)
-            lines.append(f"  iter {it.index}: {it.enodes} e-nodes, {it.seconds * 1e3:.1f} ms"
-                         f"{'' if it.changed else ' (no change)'}: {fired or 'no matches'}")
+            lines.append(
+                f"  iter {it.index}: {it.enodes} e-nodes, {it.seconds * 1e3:.1f} ms"
+                f"{'' if it.changed else ' (no change)'}: {fired or 'no matches'}"
+            )
         return "\n".join(lines)
 
 
@@ -105,8 +107,9 @@ def _term(node, graph: Graph, names: dict[str, str]) -> str:
     parts = list(args)
     for (_, kind), a in zip(row.attrs, node.attrs, strict=True):
         if kind == "ints":
-            parts.append("(vec-of " + " ".join(str(int(x)) for x in a) + ")" if a
-                         else "(vec-empty)")
+            parts.append(
+                "(vec-of " + " ".join(str(int(x)) for x in a) + ")" if a else "(vec-empty)"
+            )
         elif kind == "str":
             parts.append(f'"{a}"')
         elif kind == "float":
@@ -132,8 +135,13 @@ def graph_program(graph: Graph) -> tuple[str, dict[str, str]]:
 class Saturation:
     """One e-graph: rules loaded, the graph added, saturated step by step."""
 
-    def __init__(self, graph: Graph, rules: list | None = None, rewrites: list[str] | None = None,
-                 bounds: Bounds | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        rules: list | None = None,
+        rewrites: list[str] | None = None,
+        bounds: Bounds | None = None,
+    ):
         self.graph = graph
         self.bounds = bounds or Bounds()
         self.egraph = eb.EGraph()
@@ -141,8 +149,9 @@ class Saturation:
         self.ruleset.load_into(self.egraph)
         unknown = [r for r in rewrites or [] if r not in OPT_IN_RULESETS]
         if unknown:
-            raise EqsatError(f"unknown rewrites {unknown}; opt-in rulesets: "
-                             f"{list(OPT_IN_RULESETS)}")
+            raise EqsatError(
+                f"unknown rewrites {unknown}; opt-in rulesets: {list(OPT_IN_RULESETS)}"
+            )
         self.rulesets = [*DEFAULT_RULESETS, *self.ruleset.user_rulesets, *(rewrites or [])]
         text, self.names = graph_program(graph)
         try:
@@ -157,8 +166,9 @@ class Saturation:
 
     def enodes(self) -> int:
         out = self._run("(print-size)", "<size>")
-        return sum(n for fname, n in out[0].sizes if fname not in ANALYSES
-                   and not fname.startswith("$"))
+        return sum(
+            n for fname, n in out[0].sizes if fname not in ANALYSES and not fname.startswith("$")
+        )
 
     def step(self) -> IterationStats:
         """Run every enabled ruleset once, then the analyses to a fixpoint."""
@@ -170,8 +180,13 @@ class Saturation:
             raise EqsatError(f"saturation failed: {e}") from None
         report = out[0].report
         matches = {rule: n for rule, n in report.num_matches_per_rule.items()}
-        stats = IterationStats(len(self.report.iterations) + 1, matches, self.enodes(),
-                               time.perf_counter() - t0, report.updated)
+        stats = IterationStats(
+            len(self.report.iterations) + 1,
+            matches,
+            self.enodes(),
+            time.perf_counter() - t0,
+            report.updated,
+        )
         self.report.iterations.append(stats)
         return stats
 

@@ -82,8 +82,11 @@ class Graph:
                 lines.append(f"({kind} {n.name} {n.dtype} {fmt_ints(n.shape)})")
                 continue
             attrs = [fmt_attr(n, i, a) for i, a in enumerate(n.attrs)]
-            parts = [n.op, attrs[0], *n.args, *attrs[1:]] if n.op == "Opaque" else [
-                n.op, *n.args, *attrs]
+            parts = (
+                [n.op, attrs[0], *n.args, *attrs[1:]]
+                if n.op == "Opaque"
+                else [n.op, *n.args, *attrs]
+            )
             term = " ".join(parts)
             typ = f" {n.dtype} {fmt_ints(n.shape)}" if n.op == "Opaque" else ""
             lines.append(f"(let {n.name} ({term}){typ})")
@@ -231,8 +234,9 @@ def _loc(x) -> SourceLoc | None:
 
 def _dtype(t) -> str:
     if not isinstance(t, Tok) or t.text not in T.ITEMSIZE:
-        raise GraphError(f"unknown dtype {getattr(t, 'text', t)!r}; one of {sorted(T.ITEMSIZE)}",
-                         _loc(t))
+        raise GraphError(
+            f"unknown dtype {getattr(t, 'text', t)!r}; one of {sorted(T.ITEMSIZE)}", _loc(t)
+        )
     return t.text
 
 
@@ -262,23 +266,30 @@ class _Reader:
         if op == "Scalar":
             if len(items) != 2:
                 raise GraphError("Scalar takes a value and a dtype: (Scalar 0.5 f32)", loc)
-            node = Node(name or self.name(), "Scalar", (), (float_bits(parse_float(items[0])),
-                                                              _dtype(items[1])), loc=loc)
+            node = Node(
+                name or self.name(),
+                "Scalar",
+                (),
+                (float_bits(parse_float(items[0])), _dtype(items[1])),
+                loc=loc,
+            )
             return self._add(node, typ)
         if op == "Opaque":
             if not items or not isinstance(items[0], Tok) or not items[0].quoted:
                 raise GraphError('Opaque needs an op name string: (Opaque "aten.x" ...)', loc)
             if typ is None:
-                raise GraphError("an Opaque node needs its type: (let y (Opaque ...) f32 [2 3])",
-                                 loc)
+                raise GraphError(
+                    "an Opaque node needs its type: (let y (Opaque ...) f32 [2 3])", loc
+                )
             args, attrs = [], [items[0].text]
             for it in items[1:]:
                 if isinstance(it, tuple) and it[0] == "[":
                     attrs.append(parse_ints(it))
                 else:
                     args.append(self.term(it))
-            return self._add(Node(name or self.name(), "Opaque", tuple(args), tuple(attrs),
-                                  loc=loc), typ)
+            return self._add(
+                Node(name or self.name(), "Opaque", tuple(args), tuple(attrs), loc=loc), typ
+            )
         row = T.BY_NAME.get(op)
         if row is None or row.category == T.LEAF:
             raise GraphError(f"unknown operation {op!r} (see eqsat/optable.py)", loc)
@@ -312,23 +323,30 @@ class _Reader:
         if node.op != "Opaque":
             dtype, shape = infer(self.graph, node)
             if typ is not None and (dtype, shape) != typ:
-                raise GraphError(f"{node.op}: declared type {typ} but the op gives "
-                                 f"{(dtype, shape)}", node.loc)
+                raise GraphError(
+                    f"{node.op}: declared type {typ} but the op gives {(dtype, shape)}", node.loc
+                )
             node.dtype, node.shape = dtype, shape
         return node.name
 
     def statement(self, x) -> None:
         if not (isinstance(x, tuple) and x[0] != "[" and x[1] and isinstance(x[1][0], Tok)):
-            raise GraphError("expected (input ...), (param ...), (let ...) or (output ...)",
-                             _loc(x))
+            raise GraphError(
+                "expected (input ...), (param ...), (let ...) or (output ...)", _loc(x)
+            )
         head, items = x[1][0], x[1][1:]
         kw = head.text
         if kw in ("input", "param"):
             if len(items) != 3 or not isinstance(items[0], Tok):
                 raise GraphError(f"({kw} NAME DTYPE [SHAPE])", head.loc)
-            node = Node(items[0].text, "Input" if kw == "input" else "Param",
-                        attrs=(items[0].text,), dtype=_dtype(items[1]),
-                        shape=parse_ints(items[2]), loc=head.loc)
+            node = Node(
+                items[0].text,
+                "Input" if kw == "input" else "Param",
+                attrs=(items[0].text,),
+                dtype=_dtype(items[1]),
+                shape=parse_ints(items[2]),
+                loc=head.loc,
+            )
             if any(s < 0 for s in node.shape):
                 raise GraphError("shapes must be non-negative", head.loc)
             self.graph.add(node)
@@ -342,8 +360,7 @@ class _Reader:
                 raise GraphError("(output NAME ...) needs at least one name", head.loc)
             for it in items:
                 if not isinstance(it, Tok) or it.text not in self.graph.nodes:
-                    raise GraphError(f"output {getattr(it, 'text', it)!r} is not defined",
-                                     _loc(it))
+                    raise GraphError(f"output {getattr(it, 'text', it)!r} is not defined", _loc(it))
                 self.graph.outputs.append(it.text)
         else:
             raise GraphError(f"unknown statement {kw!r}", head.loc)

@@ -18,8 +18,15 @@ from .errors import RuleError, SourceLoc
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 # saturn's rule files, in load order. patterns.egg declares an opt-in ruleset.
-DEFAULT_FILES = ("schema.egg", "placement.egg", "simplify.egg", "decompose.egg", "fusion.egg",
-                 "gemm.egg", "patterns.egg")
+DEFAULT_FILES = (
+    "schema.egg",
+    "placement.egg",
+    "simplify.egg",
+    "decompose.egg",
+    "fusion.egg",
+    "gemm.egg",
+    "patterns.egg",
+)
 # Rulesets that run by default, in order within one iteration; analysis runs to a fixpoint
 # after each. Opt-in rulesets (they may change results in the last bits) run only on request.
 DEFAULT_RULESETS = ("simplify", "decompose", "gemm", "placement", "fusion")
@@ -33,7 +40,7 @@ def _error(exc: Exception, path: Path) -> RuleError:
     m = _SPAN.search(text)
     if m:
         loc = SourceLoc(m.group(3), int(m.group(1)), int(m.group(2)))
-        message = text[m.end():].strip()
+        message = text[m.end() :].strip()
     else:
         loc = SourceLoc(str(path))
         message = text.strip()

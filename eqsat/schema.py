@@ -82,8 +82,11 @@ def schema_text() -> str:
     for op in T.OPS:
         for d in op.dtypes:
             out.append(f'(device-dtype "{op.name}" "{d}")')
-    out += ["", ";; --- propagation of the analyses to terms the rules create",
-            "(ruleset analysis)"]
+    out += [
+        "",
+        ";; --- propagation of the analyses to terms the rules create",
+        "(ruleset analysis)",
+    ]
     for op in T.elementwise():
         if op.name == "Cast":
             out.append(
@@ -114,7 +117,7 @@ def schema_text() -> str:
         "(rule ((= e (View x s)) (= d (dtype x)))"
         ' ((set (dtype e) d) (set (rank e) (vec-length s))) :ruleset analysis :name "type-View")',
         "(rule ((= e (Expand x s)) (= d (dtype x)))"
-        ' ((set (dtype e) d) (set (rank e) (vec-length s))) :ruleset analysis'
+        " ((set (dtype e) d) (set (rank e) (vec-length s))) :ruleset analysis"
         ' :name "type-Expand")',
         "(rule ((= e (Permute x p)) (= d (dtype x)) (= r (rank x)))"
         ' ((set (dtype e) d) (set (rank e) r)) :ruleset analysis :name "type-Permute")',
@@ -177,12 +180,16 @@ def placement_text() -> str:
             f" ((union e (ToHost (Loop ({op.device_expr} {lds})))))"
             f' :ruleset placement :name "place-{op.name}")'
         )
-    out += ["", ";; a scalar operand becomes a constant in the kernel's body (exact: same value)",
-            '(rewrite (Ld (ToDev (Scalar b d))) (ESc b d) :ruleset placement :name "ld-scalar")',
-            "", ";; reductions: the device reduction computes the same reduction"]
+    out += [
+        "",
+        ";; a scalar operand becomes a constant in the kernel's body (exact: same value)",
+        '(rewrite (Ld (ToDev (Scalar b d))) (ESc b d) :ruleset placement :name "ld-scalar")',
+        "",
+        ";; reductions: the device reduction computes the same reduction",
+    ]
     for name, kind in T.REDUCE_KINDS.items():
         out.append(
-            f"(rule ((= e ({name} x dims kd)) (= d (dtype x)) (device-dtype \"{name}\" d))"
+            f'(rule ((= e ({name} x dims kd)) (= d (dtype x)) (device-dtype "{name}" d))'
             f' ((union e (ToHost (Reduce "{kind}" (Ld (ToDev x)) dims kd))))'
             f' :ruleset placement :name "place-{name}")'
         )

@@ -67,8 +67,10 @@ def conv_shape(x: Shape, w: Shape, stride, padding, dilation, groups) -> Shape:
         raise ValueError("conv2d takes rank-4 input and weight")
     if x[1] != w[1] * groups:
         raise ValueError(f"conv2d: {x[1]} input channels, weight expects {w[1] * groups}")
-    hw = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1
-          for i in range(2)]
+    hw = [
+        (x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1
+        for i in range(2)
+    ]
     return (x[0], w[0], *hw)
 
 
@@ -87,9 +89,23 @@ def result_dtype(row: T.Op, dtypes: list[str], attrs: tuple) -> str:
         return dtypes[1]
     if row.category in (T.ELEMENTWISE, T.MATMUL, T.CONVOLUTION) and len(set(dtypes)) > 1:
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
-    if row.name in ("Mean", "Div", "Exp", "Log", "Sqrt", "Rsqrt", "Tanh", "Sigmoid", "Erf",
-                    "Gelu", "GeluTanh", "Silu", "Softmax", "LogSoftmax", "LayerNorm") \
-            and not T.is_float(dtypes[0]):
+    if row.name in (
+        "Mean",
+        "Div",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Rsqrt",
+        "Tanh",
+        "Sigmoid",
+        "Erf",
+        "Gelu",
+        "GeluTanh",
+        "Silu",
+        "Softmax",
+        "LogSoftmax",
+        "LayerNorm",
+    ) and not T.is_float(dtypes[0]):
         raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")
     return dtypes[0]
 

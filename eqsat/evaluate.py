@@ -1,0 +1,162 @@
+"""A numpy reference evaluator for graphs and for extracted programs.
+
+Both use the op table's numpy semantics, in each value's own dtype, so an exact rewrite
+gives bit-identical results: the property tests compare the two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import optable as T
+from .graph import Graph, bits_float
+from .program import Expr, Program, elementwise_ops
+from .types import view_shape
+
+_REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def np_dtype(dtype: str):
+    return T.NUMPY_DTYPE[dtype]
+
+
+def scalar(bits: int, dtype: str) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.array(bits_float(bits)).astype(np_dtype(dtype))
+
+
+def reduce(kind: str, x: np.ndarray, dims, keepdim: int, out_dtype: str) -> np.ndarray:
+    axis = tuple(d % x.ndim for d in dims) if x.ndim else None
+    fn = _REDUCE[kind]
+    with np.errstate(all="ignore"):
+        if kind in ("sum", "prod", "mean"):
+            r = fn(x, axis=axis, keepdims=bool(keepdim), dtype=np_dtype(out_dtype))
+        else:
+            r = fn(x, axis=axis, keepdims=bool(keepdim))
+    return np.asarray(r).astype(np_dtype(out_dtype))
+
+
+def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.ndarray:
+    row = T.op(op)
+    with np.errstate(all="ignore"):
+        if row.category == T.ELEMENTWISE:
+            if op == "Cast":
+                return args[0].astype(np_dtype(attrs[0]))
+            return np.asarray(row.numpy(*args)).astype(np_dtype(dtype))
+        if row.category == T.REDUCTION:
+            kind = {"Sum": "sum", "Mean": "mean", "Amax": "max", "Amin": "min", "Prod": "prod"}.get(
+                op
+            )
+            if op == "Var":
+                dims, corr, kd = attrs
+                axis = tuple(d % args[0].ndim for d in dims)
+                return np.var(args[0], axis=axis, ddof=corr, keepdims=bool(kd)).astype(
+                    np_dtype(dtype)
+                )
+            return reduce(kind, args[0], attrs[0], attrs[1], dtype)
+        if op == "View":
+            return args[0].reshape(view_shape(args[0].shape, attrs[0]))
+        if op == "Permute":
+            return np.transpose(args[0], attrs[0])
+        if op == "Expand":
+            shape = [
+                s if s != -1 else args[0].shape[i - (len(attrs[0]) - args[0].ndim)]
+                for i, s in enumerate(attrs[0])
+            ]
+            return np.broadcast_to(args[0], shape)
+        if op in ("MatMul", "BatchMatMul"):
+            return np.matmul(args[0], args[1]).astype(np_dtype(dtype))
+        if op == "Addmm":
+            return (args[0] + np.matmul(args[1], args[2])).astype(np_dtype(dtype))
+        if op == "Softmax":
+            x, d = args[0], attrs[0]
+            z = np.exp(x - np.max(x, axis=d, keepdims=True))
+            return (z / np.sum(z, axis=d, keepdims=True)).astype(np_dtype(dtype))
+        if op == "LogSoftmax":
+            x, d = args[0], attrs[0]
+            s = x - np.max(x, axis=d, keepdims=True)
+            return (s - np.log(np.sum(np.exp(s), axis=d, keepdims=True))).astype(np_dtype(dtype))
+        if op == "LayerNorm":
+            x, w, b = args
+            axis = tuple(attrs[0])
+            c = x - np.mean(x, axis=axis, keepdims=True)
+            v = np.mean(c * c, axis=axis, keepdims=True)
+            eps = scalar(attrs[1], dtype)
+            return (c * (1 / np.sqrt(v + eps)) * w + b).astype(np_dtype(dtype))
+        if op == "RMSNorm":
+            x, w = args
+            eps = scalar(attrs[0], dtype)
+            ms = np.mean(x * x, axis=-1, keepdims=True)
+            return (x * (1 / np.sqrt(ms + eps)) * w).astype(np_dtype(dtype))
+    raise NotImplementedError(f"the reference evaluator has no rule for {op}")
+
+
+def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    env: dict[str, np.ndarray] = {}
+    for n in graph.nodes.values():
+        if n.op in ("Input", "Param"):
+            env[n.name] = inputs[n.name]
+        elif n.op == "Scalar":
+            env[n.name] = scalar(*n.attrs)
+        else:
+            env[n.name] = apply_op(n.op, [env[a] for a in n.args], n.attrs, n.dtype)
+    return [env[o] for o in graph.outputs]
+
+
+def eval_expr(e: Expr, operands: list[np.ndarray], dtype_of) -> np.ndarray:
+    ops = elementwise_ops()
+    if e[0] == "in":
+        return operands[e[1]]
+    if e[0] == "const":
+        return scalar(e[1], e[2])
+    if e[0] == "cast":
+        return eval_expr(e[1], operands, dtype_of).astype(np_dtype(e[2]))
+    args = [eval_expr(c, operands, dtype_of) for c in e[1:]]
+    row = ops[e[0]]
+    dtype = row.out_dtype or str(np.result_type(*[a.dtype for a in args[1:] or args]))
+    with np.errstate(all="ignore"):
+        return np.asarray(row.numpy(*args)).astype(
+            np.bool_
+            if row.out_dtype == "bool"
+            else (args[1] if row.name == "Where" else args[0]).dtype
+        )
+
+
+def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    env: dict[str, np.ndarray] = {}
+    by_input = {v: k for k, v in prog.inputs.items()}
+    for s in prog.steps:
+        if s.kind == "input":
+            env[s.output] = inputs[by_input[s.output]]
+        elif s.kind == "const":
+            env[s.output] = scalar(*s.attrs)
+        elif s.kind == "crossing":
+            env[s.output] = env[s.args[0]].copy()
+        elif s.kind in ("host", "view"):
+            env[s.output] = apply_op(s.op, [env[a] for a in s.args], s.attrs, s.dtype)
+        elif s.kind == "kernel":
+            env[s.output] = run_kernel(s, [env[o.value] for o in s.kernel.inputs])
+    return [env[o] for o in prog.outputs]
+
+
+def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
+    k = s.kernel
+    if k.kind in ("loop", "reduce"):
+        v = eval_expr(k.body, operands, None)
+        v = np.broadcast_to(v, k.domain)
+        if k.kind == "loop":
+            return np.array(v, dtype=np_dtype(k.dtype))
+        return reduce(k.attrs["reduce"], v, k.attrs["dims"], k.attrs["keepdim"], k.dtype)
+    if k.kind == "gemm":
+        a, b = operands[0], operands[1]
+        r = np.matmul(a, b)
+        if k.attrs["epilogue"] != "none":
+            r = r + operands[2]
+        if k.attrs["epilogue"] == "relu_bias":
+            r = T.op("Relu").numpy(r.astype(np_dtype(k.dtype)))
+        elif k.attrs["epilogue"] == "gelu_bias":
+            r = T.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
+        return np.asarray(r).astype(np_dtype(k.dtype))
+    if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
+        return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
+    raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")

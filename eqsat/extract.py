@@ -1,0 +1,256 @@
+"""Analyses over the saturated e-graph, the cost model, and DAG-aware extraction.
+
+Analyses (type, placement) are computed per e-node from its children and must agree
+across every e-node of a class: a disagreement means a rule made two different values
+equal, and raises ``ValidationError`` naming the class and the e-nodes.
+
+Extraction is greedy and DAG-aware: each class's best choice carries the set of classes its
+sub-program uses, with their own costs, and a shared class is paid once. A choice whose
+sub-program contains its own class is skipped, so the result is acyclic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import optable as T
+from . import types as TY
+from .costs import Machine
+from .egraph import EGraphView, ENode
+from .errors import ValidationError
+from .graph import Graph
+
+Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
+KERNELS = ("Loop", "Reduce", "Gemm", "Conv", "Custom")
+MOVEMENT = ("View", "Permute", "Expand")
+HOST, DEVICE = "host", "device"
+
+
+# --- analyses -----------------------------------------------------------------------------
+
+
+def _enode_type(en: ENode, ty: dict[int, Type], cls_of_opaque: dict[int, Type]) -> Type | None:
+    """The type an e-node computes, or None while a child's type is unknown."""
+    kids = []
+    for k in en.kids:
+        if k not in ty:
+            return None
+        kids.append(ty[k])
+    op = en.op
+    if op in ("ToDev", "ToHost", "Loop", "Inline", "Ld"):
+        return kids[0]
+    if op == "ESc":
+        return (en.attrs[1], ())
+    if op in ("TNil", "TCons", "NoBias", "Opaque", "Item", "Input", "Param"):
+        return None  # typed from the graph (seeded) or not a value
+    if op == "Reduce":
+        kind, dims, kd = en.attrs
+        dtype, shape = kids[0]
+        if kind in ("sum", "prod") and not T.is_float(dtype):
+            dtype = "i64"
+        return (dtype, TY.reduce_shape(shape, dims, kd))
+    if op == "Gemm":
+        (da, a), (_, b) = kids[0], kids[1]
+        return (da, TY.shape_of(T.op("BatchMatMul" if len(a) == 3 else "MatMul"), [a, b], ()))
+    if op == "Conv":
+        return (kids[0][0], TY.conv_shape(kids[0][1], kids[1][1], *en.attrs))
+    if op == "Custom":
+        return None  # typed through its class (it is unioned with a typed graph op)
+    if op.startswith("E") and op[1:] in T.BY_NAME:
+        row = T.op(op[1:])
+        attrs = en.attrs
+    else:
+        row = T.op(op)
+        attrs = en.attrs
+        if row.category == T.LEAF:
+            return (en.attrs[1], ()) if op == "Scalar" else None
+    dtype = TY.result_dtype(row, [k[0] for k in kids], attrs)
+    shape = TY.shape_of(row, [k[1] for k in kids], attrs)
+    return (dtype, shape)
+
+
+def infer_types(view: EGraphView, graph: Graph) -> dict[int, Type]:
+    ty: dict[int, Type] = {}
+    for name, cid in view.named.items():
+        n = graph.nodes[name]
+        ty[cid] = (n.dtype, tuple(n.shape))
+    changed = True
+    while changed:
+        changed = False
+        for cid, enodes in view.classes.items():
+            for en in enodes:
+                try:
+                    t = _enode_type(en, ty, {})
+                except (ValueError, KeyError, IndexError) as e:
+                    raise ValidationError(f"type analysis: class {cid} e-node {en}: {e}") from None
+                if t is None:
+                    continue
+                t = (t[0], tuple(t[1]))
+                if cid not in ty:
+                    ty[cid] = t
+                    changed = True
+                elif ty[cid] != t:
+                    raise ValidationError(
+                        f"type analysis: class {cid} holds values of two types: "
+                        f"{ty[cid]} and {t} (from {en}); a rule equated different values"
+                    )
+    return ty
+
+
+def infer_placement(view: EGraphView) -> dict[int, str]:
+    """host or device for every Tensor class; every e-node of a class must agree."""
+    place: dict[int, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for cid, enodes in view.classes.items():
+            if view.sort[cid] != "Tensor":
+                continue
+            for en in enodes:
+                if en.op in KERNELS or en.op == "ToDev":
+                    p = DEVICE
+                elif en.op == "NoBias":
+                    continue
+                elif en.op in MOVEMENT:
+                    if en.kids[0] not in place:
+                        continue
+                    p = place[en.kids[0]]
+                else:
+                    p = HOST
+                if cid not in place:
+                    place[cid] = p
+                    changed = True
+                elif place[cid] != p:
+                    raise ValidationError(
+                        f"placement analysis: class {cid} is both {place[cid]} and {p} "
+                        f"(e-node {en})"
+                    )
+    return place
+
+
+# --- cost model ---------------------------------------------------------------------------
+
+
+def nbytes(t: Type) -> int:
+    return math.prod(t[1]) * T.ITEMSIZE[t[0]]
+
+
+@dataclass
+class CostModel:
+    machine: Machine
+    types: dict[int, Type]
+    place: dict[int, str]
+    io_on_device: bool = False  # inputs arrive and outputs leave in device memory
+
+    def crossing(self, t: Type) -> float:
+        return self.machine.crossing_latency_us + nbytes(t) / self.machine.link_bytes_per_us
+
+    def cost(self, cid: int, en: ENode, view: EGraphView) -> float:
+        m = self.machine
+        t = self.types.get(cid)
+        op = en.op
+        if op in ("Input", "Param", "Scalar", "NoBias", "TNil", "TCons", "Item"):
+            return 0.0
+        if op in ("ToDev", "ToHost"):
+            kid = en.kids[0]
+            if self.io_on_device and op == "ToDev" and _is_leaf(view, kid):
+                return 0.0  # the input already lives on the device
+            return self.crossing(self.types[kid])
+        if op in MOVEMENT:
+            return m.view_us
+        if op == "Ld":
+            return nbytes(self.types[en.kids[0]]) / m.device_bytes_per_us
+        if op in ("Inline", "ESc"):
+            return 0.0
+        if op.startswith("E") and op[1:] in T.BY_NAME:
+            return math.prod(t[1]) * T.op(op[1:]).flops / m.device_flops_per_us
+        if op in ("Loop", "Reduce", "Custom"):
+            return m.launch_us + nbytes(t) / m.device_bytes_per_us
+        if op in ("Gemm", "Conv"):
+            a, b = self.types[en.kids[0]], self.types[en.kids[1]]
+            k = a[1][-1] if op == "Gemm" else math.prod(b[1][1:])
+            flops = 2 * math.prod(t[1]) * k
+            return (
+                m.library_call_us
+                + flops / m.gemm_flops_per_us
+                + (nbytes(a) + nbytes(b) + nbytes(t)) / m.device_bytes_per_us
+            )
+        # a graph-level op run on the host
+        moved = nbytes(t) if t else 0
+        extra = 0.0
+        for k in en.kids:
+            kt = self.types.get(k)
+            if kt:
+                moved += nbytes(kt)
+                if self.io_on_device and _is_leaf(view, k):
+                    extra += self.crossing(kt)
+        row = T.BY_NAME.get(op)
+        flops = math.prod(t[1]) * (row.flops if row else 1) if t else 0
+        return m.host_op_us + moved / m.host_bytes_per_us + flops / m.host_flops_per_us + extra
+
+
+def _is_leaf(view: EGraphView, cid: int) -> bool:
+    return any(en.op in ("Input", "Param") for en in view.classes[cid])
+
+
+# --- extraction ---------------------------------------------------------------------------
+
+
+@dataclass
+class Choice:
+    enode: ENode
+    own: float
+    uses: dict[int, float]  # every class of the sub-program (itself included) -> own cost
+
+    @property
+    def total(self) -> float:
+        return sum(self.uses.values())
+
+
+def extract(
+    view: EGraphView, model: CostModel, roots: list[int] | None = None
+) -> dict[int, Choice]:
+    """Greedy DAG extraction: the cheapest acyclic choice per class, shared classes once."""
+    best: dict[int, Choice] = {}
+    changed = True
+    rounds = 0
+    while changed:
+        changed = False
+        rounds += 1
+        if rounds > 10 * len(view.classes) + 10:
+            raise ValidationError("extraction did not converge")
+        for cid, enodes in view.classes.items():
+            cur = best.get(cid)
+            if cur is not None and any(
+                k not in best or cid in best[k].uses for k in cur.enode.kids
+            ):
+                del best[cid]  # a child's new choice reads this class: the choice is stale
+                changed = True
+            for en in enodes:
+                if any(k not in best for k in en.kids):
+                    continue
+                uses: dict[int, float] = {}
+                for k in en.kids:
+                    uses.update(best[k].uses)
+                if cid in uses:
+                    continue  # would read itself: a cycle
+                own = model.cost(cid, en, view)
+                uses[cid] = own
+                total = sum(uses.values())
+                cur = best.get(cid)
+                if cur is None or total < cur.total - 1e-9:
+                    best[cid] = Choice(en, own, uses)
+                    changed = True
+    for r in roots if roots is not None else view.outputs:
+        if r not in best:
+            raise ValidationError(f"extraction found no acyclic program for output class {r}")
+    return best
+
+
+def program_cost(best: dict[int, Choice], roots: list[int]) -> float:
+    """Total cost of the extracted program for these roots, each class once."""
+    uses: dict[int, float] = {}
+    for r in roots:
+        uses.update(best[r].uses)
+    return sum(uses.values())

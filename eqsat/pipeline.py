@@ -1,0 +1,60 @@
+"""The compiler core, as one pipeline of named steps.
+
+graph --saturate--> e-graph --analyse--> types, placement --extract--> choices
+      --lower--> Program (host steps, crossings, views, kernel descriptions)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .costs import MACHINES
+from .egraph import Bounds, EGraphView, Saturation, SaturationReport
+from .extract import CostModel, extract, infer_placement, infer_types, program_cost
+from .graph import Graph
+from .program import Program, lower
+
+
+@dataclass
+class Compiled:
+    graph: Graph
+    saturation: Saturation
+    report: SaturationReport
+    view: EGraphView
+    model: CostModel
+    program: Program
+    cost: float  # the extracted program's cost, microseconds per call
+
+
+def compile_graph(
+    graph: Graph,
+    rules: list | None = None,
+    rewrites: list[str] | None = None,
+    bounds: Bounds | None = None,
+    machine: str = "cpu-reference",
+    io_on_device: bool = False,
+) -> Compiled:
+    # 1. saturate: the graph's terms plus every enabled ruleset, under explicit bounds
+    sat = Saturation(graph, rules, rewrites, bounds)
+    report = sat.run()
+    # 2. analyse: types and placement per e-class; every e-node of a class must agree
+    view = sat.snapshot()
+    types = infer_types(view, graph)
+    place = infer_placement(view)
+    # 3. extract: cheapest acyclic program, shared values paid once
+    model = CostModel(MACHINES[machine], types, place, io_on_device)
+    roots = [device_twin(view, r, place) if io_on_device else r for r in view.outputs]
+    best = extract(view, model, roots)
+    # 4. lower: kernel descriptions, host steps and crossings, validated
+    program = lower(graph, view, best, types, place, roots, io_on_device)
+    return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))
+
+
+def device_twin(view: EGraphView, cid: int, place: dict[int, str]) -> int:
+    """The device class holding the same value as host class ``cid`` (cid if none)."""
+    if place.get(cid) == "device":
+        return cid
+    for en in view.classes[cid]:
+        if en.op == "ToHost":
+            return en.kids[0]
+    return cid

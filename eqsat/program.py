@@ -1,0 +1,413 @@
+"""The extracted program: host steps, crossings, views and kernel descriptions, in order.
+
+This is what ``saturn.codegen`` and the executor consume. A kernel description says what
+the kernel reads and how it indexes each operand, what it writes, and its body (a scalar
+expression tree over its operands); no pointer into the e-graph survives here. ``validate``
+checks the invariants after lowering: every value defined before use, every operand of a
+kernel typed, outputs defined.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import optable as T
+from .egraph import EGraphView, ENode
+from .errors import ValidationError
+from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
+from .graph import Graph, bits_float, fmt_float, fmt_ints
+
+Expr = tuple  # ("in", i) | ("const", bits, dtype) | (op, *children)
+
+
+@dataclass
+class Operand:
+    value: str
+    dtype: str
+    shape: tuple[int, ...]
+    indexing: str  # same | scalar | trailing | leading | strided (relative to the iteration)
+
+
+@dataclass
+class Kernel:
+    kind: str  # loop | reduce | gemm | conv | custom
+    output: str
+    dtype: str
+    shape: tuple[int, ...]
+    inputs: list[Operand]
+    body: Expr | None = None  # loop and reduce
+    domain: tuple[int, ...] = ()  # iteration shape of the body (the reduce input for reduce)
+    attrs: dict = field(default_factory=dict)
+    covers: list[str] = field(default_factory=list)  # graph nodes computed here
+
+
+@dataclass
+class Step:
+    kind: str  # input | host | crossing | view | kernel | const
+    output: str
+    op: str = ""
+    args: tuple[str, ...] = ()
+    attrs: tuple = ()
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    place: str = "host"
+    kernel: Kernel | None = None
+    covers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    outputs: list[str]
+    inputs: dict[str, str]  # graph input name -> value
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s.kernel for s in self.steps if s.kernel is not None]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for s in self.steps if s.kind == kind)
+
+    def to_text(self) -> str:
+        lines = []
+        for s in self.steps:
+            lines.append(format_step(s))
+        lines.append(f"(output {' '.join(self.outputs)})")
+        return "\n".join(lines) + "\n"
+
+
+def format_expr(e: Expr) -> str:
+    if e[0] == "in":
+        return f"in{e[1]}"
+    if e[0] == "const":
+        return f"{fmt_float(bits_float(e[1]))}:{e[2]}"
+    if e[0] == "cast":
+        return f"(cast {format_expr(e[1])} {e[2]})"
+    return "(" + " ".join([e[0], *(format_expr(c) for c in e[1:])]) + ")"
+
+
+def format_step(s: Step) -> str:
+    typ = f"{s.dtype}{fmt_ints(s.shape)}"
+    if s.kind == "input":
+        return f"{s.output} = input {s.op} : {typ}"
+    if s.kind == "kernel":
+        k = s.kernel
+        ins = ", ".join(f"in{i}={o.value}/{o.indexing}" for i, o in enumerate(k.inputs))
+        attrs = "".join(f" {a}={fmt_attr_value(v)}" for a, v in sorted(k.attrs.items()))
+        body = f" body {format_expr(k.body)}" if k.body is not None else ""
+        return f"{s.output} = kernel {k.kind}({ins}){attrs}{body} : {typ}"
+    args = " ".join(s.args)
+    attrs = "".join(f" {fmt_attr_value(a)}" for a in s.attrs)
+    where = f" @{s.place}" if s.kind in ("view", "const") else ""
+    return f"{s.output} = {s.kind} {s.op} {args}{attrs}{where} : {typ}".replace("  ", " ")
+
+
+def fmt_attr_value(v) -> str:
+    if isinstance(v, tuple | list):
+        return fmt_ints(v)
+    return str(v)
+
+
+def indexing(shape: tuple[int, ...], domain: tuple[int, ...]) -> str:
+    if tuple(shape) == tuple(domain):
+        return "same"
+    if math.prod(shape) == 1:
+        return "scalar"
+    padded = (1,) * (len(domain) - len(shape)) + tuple(shape)
+    k = next((i for i, s in enumerate(padded) if s != 1), len(padded))
+    if padded[k:] == tuple(domain[k:]):
+        return "trailing"  # varies along a trailing block of axes: index % numel
+    j = max((i for i, s in enumerate(padded) if s != 1), default=-1)
+    if padded[: j + 1] == tuple(domain[: j + 1]) and all(s == 1 for s in padded[j + 1 :]):
+        return "leading"  # varies along a leading block: index // (rest)
+    return "strided"
+
+
+class _Lowering:
+    def __init__(
+        self,
+        graph: Graph,
+        view: EGraphView,
+        best: dict[int, Choice],
+        types: dict[int, Type],
+        place: dict[int, str],
+        io_on_device: bool,
+    ):
+        self.graph, self.view, self.best = graph, view, best
+        self.types, self.place, self.io_on_device = types, place, io_on_device
+        self.steps: list[Step] = []
+        self.done: dict[int, str] = {}
+        self.visiting: set[int] = set()
+        self.names_of: dict[int, list[str]] = {}
+        for name, cid in view.named.items():
+            self.names_of.setdefault(cid, []).append(name)
+
+    def host_twin_names(self, device_cid: int) -> list[str]:
+        """Graph nodes whose value a device class holds (through its ToDev e-node)."""
+        out = list(self.names_of.get(device_cid, []))
+        for en in self.view.classes[device_cid]:
+            if en.op == "ToDev":
+                out += self.names_of.get(en.kids[0], [])
+        return out
+
+    def value(self, cid: int) -> str:
+        if cid in self.done:
+            return self.done[cid]
+        if cid in self.visiting:
+            raise ValidationError(f"lowering: the extracted program has a cycle at class {cid}")
+        self.visiting.add(cid)
+        choice = self.best.get(cid)
+        if choice is None:
+            raise ValidationError(f"lowering: class {cid} has no extracted choice")
+        name = self.lower(cid, choice.enode)
+        self.visiting.discard(cid)
+        self.done[cid] = name
+        return name
+
+    def typ(self, cid: int) -> Type:
+        return self.types[cid]
+
+    def emit(self, step: Step) -> str:
+        self.steps.append(step)
+        return step.output
+
+    def lower(self, cid: int, en: ENode) -> str:
+        out = f"v{cid}"
+        dtype, shape = self.typ(cid) if cid in self.types else ("", ())
+        covers = self.names_of.get(cid, [])
+        if en.op in ("Input", "Param"):
+            return self.emit(
+                Step(
+                    "input",
+                    out,
+                    en.attrs[0],
+                    dtype=dtype,
+                    shape=shape,
+                    place=DEVICE if self.io_on_device else "host",
+                )
+            )
+        if en.op == "Scalar":
+            return self.emit(Step("const", out, "Scalar", attrs=en.attrs, dtype=dtype, shape=()))
+        if en.op in ("ToDev", "ToHost"):
+            src = self.value(en.kids[0])
+            if self.io_on_device and en.op == "ToDev" and self._leaf(en.kids[0]):
+                return src  # inputs already live on the device
+            return self.emit(
+                Step(
+                    "crossing",
+                    out,
+                    en.op,
+                    (src,),
+                    dtype=dtype,
+                    shape=shape,
+                    place=DEVICE if en.op == "ToDev" else "host",
+                )
+            )
+        if en.op in MOVEMENT:
+            src = self.value(en.kids[0])
+            return self.emit(
+                Step(
+                    "view",
+                    out,
+                    en.op,
+                    (src,),
+                    en.attrs,
+                    dtype,
+                    shape,
+                    place=self.place.get(cid, "host"),
+                    covers=covers,
+                )
+            )
+        if en.op in KERNELS:
+            k = self.kernel(cid, en, out, dtype, shape)
+            return self.emit(
+                Step(
+                    "kernel",
+                    out,
+                    k.kind,
+                    tuple(o.value for o in k.inputs),
+                    dtype=dtype,
+                    shape=shape,
+                    place=DEVICE,
+                    kernel=k,
+                    covers=k.covers,
+                )
+            )
+        if en.op == "Opaque":
+            args = tuple(self.value(c) for c in self.tlist(en.kids[0]))
+            return self.emit(Step("host", out, en.attrs[0], args, (), dtype, shape, covers=covers))
+        if en.op == "Item":
+            return self.emit(
+                Step(
+                    "host",
+                    out,
+                    "Item",
+                    (self.value(en.kids[0]),),
+                    en.attrs,
+                    dtype,
+                    shape,
+                    covers=covers,
+                )
+            )
+        args = tuple(self.value(k) for k in en.kids)
+        return self.emit(Step("host", out, en.op, args, en.attrs, dtype, shape, covers=covers))
+
+    def _leaf(self, cid: int) -> bool:
+        return any(e.op in ("Input", "Param") for e in self.view.classes[cid])
+
+    def tlist(self, cid: int) -> list[int]:
+        out = []
+        while True:
+            en = next(e for e in self.view.classes[cid] if e.op in ("TCons", "TNil"))
+            if en.op == "TNil":
+                return out
+            out.append(en.kids[0])
+            cid = en.kids[1]
+
+    def kernel(self, cid: int, en: ENode, out: str, dtype: str, shape) -> Kernel:
+        covers = self.host_twin_names(cid)
+        if en.op in ("Loop", "Reduce"):
+            body_cid = en.kids[0]
+            domain = self.types[body_cid][1]
+            leaves: list[int] = []
+            body = self.expr(body_cid, leaves, covers)
+            inputs = [
+                Operand(self.value(c), *self.typ(c), indexing(self.typ(c)[1], domain))
+                for c in leaves
+            ]
+            if en.op == "Loop":
+                return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers)
+            kind, dims, kd = en.attrs
+            dims = tuple(sorted(d % len(domain) for d in dims)) if domain else ()
+            return Kernel(
+                "reduce",
+                out,
+                dtype,
+                shape,
+                inputs,
+                body,
+                domain,
+                {"reduce": kind, "dims": dims, "keepdim": kd},
+                covers,
+            )
+        if en.op == "Gemm":
+            ops = [k for k in en.kids if not self._nobias(k)]
+            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
+            return Kernel(
+                "gemm", out, dtype, shape, inputs, None, shape, {"epilogue": en.attrs[0]}, covers
+            )
+        if en.op == "Conv":
+            ops = [k for k in en.kids if not self._nobias(k)]
+            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
+            st, pa, di, g = en.attrs
+            return Kernel(
+                "conv",
+                out,
+                dtype,
+                shape,
+                inputs,
+                None,
+                shape,
+                {"stride": st, "padding": pa, "dilation": di, "groups": g, "bias": len(ops) == 3},
+                covers,
+            )
+        if en.op == "Custom":
+            ops = self.tlist(en.kids[0])
+            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
+            return Kernel(
+                "custom",
+                out,
+                dtype,
+                shape,
+                inputs,
+                None,
+                shape,
+                {"name": en.attrs[0], "eps_bits": en.attrs[1]},
+                covers,
+            )
+        raise ValidationError(f"lowering: unknown kernel {en.op}")
+
+    def _nobias(self, cid: int) -> bool:
+        return any(e.op == "NoBias" for e in self.view.classes[cid])
+
+    def expr(self, cid: int, leaves: list[int], covers: list[str]) -> Expr:
+        en = self.best[cid].enode
+        if en.op == "Ld":
+            t = en.kids[0]
+            if t not in leaves:
+                leaves.append(t)
+            return ("in", leaves.index(t))
+        if en.op == "Inline":
+            for twin in self.view.classes[cid]:  # the loop this body was inlined from
+                if twin.op == "Ld":
+                    covers += [n for n in self.host_twin_names(twin.kids[0]) if n not in covers]
+            return self.expr(en.kids[0], leaves, covers)
+        if en.op == "ESc":
+            return ("const", en.attrs[0], en.attrs[1])
+        if en.op == "ECast":
+            return ("cast", self.expr(en.kids[0], leaves, covers), en.attrs[0])
+        name = en.op[1:].lower()
+        return (name, *(self.expr(k, leaves, covers) for k in en.kids))
+
+
+def lower(
+    graph: Graph,
+    view: EGraphView,
+    best: dict[int, Choice],
+    types: dict[int, Type],
+    place: dict[int, str],
+    roots: list[int],
+    io_on_device: bool = False,
+) -> Program:
+    low = _Lowering(graph, view, best, types, place, io_on_device)
+    for name in graph.nodes:
+        if graph.nodes[name].op in ("Input", "Param"):
+            low.value(view.named[name])
+    outputs = [low.value(r) for r in roots]
+    inputs = {n.name: low.done[view.named[n.name]] for n in graph.inputs()}
+    prog = _renumber(Program(low.steps, outputs, inputs))
+    validate(prog)
+    return prog
+
+
+def _renumber(prog: Program) -> Program:
+    """Name values v0, v1, ... in definition order, so printed programs are stable."""
+    new = {s.output: f"v{i}" for i, s in enumerate(prog.steps)}
+    for s in prog.steps:
+        s.output = new[s.output]
+        s.args = tuple(new[a] for a in s.args)
+        if s.kernel is not None:
+            s.kernel.output = s.output
+            for o in s.kernel.inputs:
+                o.value = new[o.value]
+    return Program(
+        prog.steps, [new[o] for o in prog.outputs], {k: new[v] for k, v in prog.inputs.items()}
+    )
+
+
+def validate(prog: Program) -> None:
+    defined: set[str] = set()
+    for s in prog.steps:
+        uses = list(s.args)
+        if s.kernel is not None:
+            uses += [o.value for o in s.kernel.inputs]
+            for o in s.kernel.inputs:
+                if not o.dtype:
+                    raise ValidationError(f"lower: kernel {s.output} operand {o.value} untyped")
+        for u in uses:
+            if u not in defined:
+                raise ValidationError(f"lower: {s.output} uses {u} before it is defined")
+        if s.output in defined:
+            raise ValidationError(f"lower: {s.output} defined twice")
+        if s.kind != "const" and not s.dtype:
+            raise ValidationError(f"lower: {s.output} has no type")
+        defined.add(s.output)
+    for o in prog.outputs:
+        if o not in defined:
+            raise ValidationError(f"lower: output {o} is never defined")
+
+
+def elementwise_ops() -> dict[str, T.Op]:
+    """Body node name (lower-case op) -> op-table row, for emitters and evaluators."""
+    return {o.name.lower(): o for o in T.elementwise()}
