@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import egglog.bindings as eb
 
-from . import optable as T
+from . import optable as ot
 from .errors import EqsatError, GraphError
 from .graph import Graph
 from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files
@@ -103,7 +103,7 @@ def _term(node, graph: Graph, names: dict[str, str]) -> str:
             lst = f"(TCons {a} {lst})"
         uid = abs(hash(node.name)) % (1 << 62)
         return f'(Opaque "{node.attrs[0]}" {uid} {lst})'
-    row = T.BY_NAME[node.op]
+    row = ot.BY_NAME[node.op]
     parts = list(args)
     for (_, kind), a in zip(row.attrs, node.attrs, strict=True):
         if kind == "ints":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import optable as T
+from . import optable as ot
 from .graph import Graph, bits_float
 from .program import Expr, Program, elementwise_ops
 from .types import view_shape
@@ -17,7 +17,7 @@ _REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod":
 
 
 def np_dtype(dtype: str):
-    return T.NUMPY_DTYPE[dtype]
+    return ot.NUMPY_DTYPE[dtype]
 
 
 def scalar(bits: int, dtype: str) -> np.ndarray:
@@ -37,13 +37,13 @@ def reduce(kind: str, x: np.ndarray, dims, keepdim: int, out_dtype: str) -> np.n
 
 
 def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.ndarray:
-    row = T.op(op)
+    row = ot.op(op)
     with np.errstate(all="ignore"):
-        if row.category == T.ELEMENTWISE:
+        if row.category == ot.ELEMENTWISE:
             if op == "Cast":
                 return args[0].astype(np_dtype(attrs[0]))
             return np.asarray(row.numpy(*args)).astype(np_dtype(dtype))
-        if row.category == T.REDUCTION:
+        if row.category == ot.REDUCTION:
             kind = {"Sum": "sum", "Mean": "mean", "Amax": "max", "Amin": "min", "Prod": "prod"}.get(
                 op
             )
@@ -103,15 +103,15 @@ def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [env[o] for o in graph.outputs]
 
 
-def eval_expr(e: Expr, operands: list[np.ndarray], dtype_of) -> np.ndarray:
+def eval_expr(e: Expr, operands: list[np.ndarray]) -> np.ndarray:
     ops = elementwise_ops()
     if e[0] == "in":
         return operands[e[1]]
     if e[0] == "const":
         return scalar(e[1], e[2])
     if e[0] == "cast":
-        return eval_expr(e[1], operands, dtype_of).astype(np_dtype(e[2]))
-    args = [eval_expr(c, operands, dtype_of) for c in e[1:]]
+        return eval_expr(e[1], operands).astype(np_dtype(e[2]))
+    args = [eval_expr(c, operands) for c in e[1:]]
     row = ops[e[0]]
     dtype = row.out_dtype or str(np.result_type(*[a.dtype for a in args[1:] or args]))
     with np.errstate(all="ignore"):
@@ -142,7 +142,7 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
 def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
     k = s.kernel
     if k.kind in ("loop", "reduce"):
-        v = eval_expr(k.body, operands, None)
+        v = eval_expr(k.body, operands)
         v = np.broadcast_to(v, k.domain)
         if k.kind == "loop":
             return np.array(v, dtype=np_dtype(k.dtype))
@@ -153,9 +153,9 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         if k.attrs["epilogue"] != "none":
             r = r + operands[2]
         if k.attrs["epilogue"] == "relu_bias":
-            r = T.op("Relu").numpy(r.astype(np_dtype(k.dtype)))
+            r = ot.op("Relu").numpy(r.astype(np_dtype(k.dtype)))
         elif k.attrs["epilogue"] == "gelu_bias":
-            r = T.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
+            r = ot.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
         return np.asarray(r).astype(np_dtype(k.dtype))
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
         return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import optable as T
-from . import types as TY
+from . import optable as ot
+from . import types as tyr
 from .costs import Machine
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
@@ -47,26 +47,26 @@ def _enode_type(en: ENode, ty: dict[int, Type], cls_of_opaque: dict[int, Type]) 
     if op == "Reduce":
         kind, dims, kd = en.attrs
         dtype, shape = kids[0]
-        if kind in ("sum", "prod") and not T.is_float(dtype):
+        if kind in ("sum", "prod") and not ot.is_float(dtype):
             dtype = "i64"
-        return (dtype, TY.reduce_shape(shape, dims, kd))
+        return (dtype, tyr.reduce_shape(shape, dims, kd))
     if op == "Gemm":
         (da, a), (_, b) = kids[0], kids[1]
-        return (da, TY.shape_of(T.op("BatchMatMul" if len(a) == 3 else "MatMul"), [a, b], ()))
+        return (da, tyr.shape_of(ot.op("BatchMatMul" if len(a) == 3 else "MatMul"), [a, b], ()))
     if op == "Conv":
-        return (kids[0][0], TY.conv_shape(kids[0][1], kids[1][1], *en.attrs))
+        return (kids[0][0], tyr.conv_shape(kids[0][1], kids[1][1], *en.attrs))
     if op == "Custom":
         return None  # typed through its class (it is unioned with a typed graph op)
-    if op.startswith("E") and op[1:] in T.BY_NAME:
-        row = T.op(op[1:])
+    if op.startswith("E") and op[1:] in ot.BY_NAME:
+        row = ot.op(op[1:])
         attrs = en.attrs
     else:
-        row = T.op(op)
+        row = ot.op(op)
         attrs = en.attrs
-        if row.category == T.LEAF:
+        if row.category == ot.LEAF:
             return (en.attrs[1], ()) if op == "Scalar" else None
-    dtype = TY.result_dtype(row, [k[0] for k in kids], attrs)
-    shape = TY.shape_of(row, [k[1] for k in kids], attrs)
+    dtype = tyr.result_dtype(row, [k[0] for k in kids], attrs)
+    shape = tyr.shape_of(row, [k[1] for k in kids], attrs)
     return (dtype, shape)
 
 
@@ -133,7 +133,7 @@ def infer_placement(view: EGraphView) -> dict[int, str]:
 
 
 def nbytes(t: Type) -> int:
-    return math.prod(t[1]) * T.ITEMSIZE[t[0]]
+    return math.prod(t[1]) * ot.ITEMSIZE[t[0]]
 
 
 @dataclass
@@ -163,8 +163,8 @@ class CostModel:
             return nbytes(self.types[en.kids[0]]) / m.device_bytes_per_us
         if op in ("Inline", "ESc"):
             return 0.0
-        if op.startswith("E") and op[1:] in T.BY_NAME:
-            return math.prod(t[1]) * T.op(op[1:]).flops / m.device_flops_per_us
+        if op.startswith("E") and op[1:] in ot.BY_NAME:
+            return math.prod(t[1]) * ot.op(op[1:]).flops / m.device_flops_per_us
         if op in ("Loop", "Reduce", "Custom"):
             return m.launch_us + nbytes(t) / m.device_bytes_per_us
         if op in ("Gemm", "Conv"):
@@ -185,7 +185,7 @@ class CostModel:
                 moved += nbytes(kt)
                 if self.io_on_device and _is_leaf(view, k):
                     extra += self.crossing(kt)
-        row = T.BY_NAME.get(op)
+        row = ot.BY_NAME.get(op)
         flops = math.prod(t[1]) * (row.flops if row else 1) if t else 0
         return m.host_op_us + moved / m.host_bytes_per_us + flops / m.host_flops_per_us + extra
 

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import optable as T
+from . import optable as ot
 from .errors import GraphError, SourceLoc
 
 
@@ -46,8 +46,8 @@ class Node:
     loc: SourceLoc | None = None
 
     @property
-    def row(self) -> T.Op | None:
-        return T.BY_NAME.get(self.op)
+    def row(self) -> ot.Op | None:
+        return ot.BY_NAME.get(self.op)
 
 
 @dataclass
@@ -233,9 +233,9 @@ def _loc(x) -> SourceLoc | None:
 
 
 def _dtype(t) -> str:
-    if not isinstance(t, Tok) or t.text not in T.ITEMSIZE:
+    if not isinstance(t, Tok) or t.text not in ot.ITEMSIZE:
         raise GraphError(
-            f"unknown dtype {getattr(t, 'text', t)!r}; one of {sorted(T.ITEMSIZE)}", _loc(t)
+            f"unknown dtype {getattr(t, 'text', t)!r}; one of {sorted(ot.ITEMSIZE)}", _loc(t)
         )
     return t.text
 
@@ -290,8 +290,8 @@ class _Reader:
             return self._add(
                 Node(name or self.name(), "Opaque", tuple(args), tuple(attrs), loc=loc), typ
             )
-        row = T.BY_NAME.get(op)
-        if row is None or row.category == T.LEAF:
+        row = ot.BY_NAME.get(op)
+        if row is None or row.category == ot.LEAF:
             raise GraphError(f"unknown operation {op!r} (see eqsat/optable.py)", loc)
         want = row.arity + len(row.attrs)
         if len(items) != want:

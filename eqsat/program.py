@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import optable as T
+from . import optable as ot
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
 from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
@@ -408,6 +408,6 @@ def validate(prog: Program) -> None:
             raise ValidationError(f"lower: output {o} is never defined")
 
 
-def elementwise_ops() -> dict[str, T.Op]:
+def elementwise_ops() -> dict[str, ot.Op]:
     """Body node name (lower-case op) -> op-table row, for emitters and evaluators."""
-    return {o.name.lower(): o for o in T.elementwise()}
+    return {o.name.lower(): o for o in ot.elementwise()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from . import optable as T
+from . import optable as ot
 from .errors import GraphError
 
 Shape = tuple[int, ...]
@@ -74,12 +74,12 @@ def conv_shape(x: Shape, w: Shape, stride, padding, dilation, groups) -> Shape:
     return (x[0], w[0], *hw)
 
 
-def result_dtype(row: T.Op, dtypes: list[str], attrs: tuple) -> str:
+def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Cast":
         return attrs[0]
     if row.out_dtype:
         return row.out_dtype
-    if row.category == T.REDUCTION and row.name in ("Sum", "Prod") and not T.is_float(dtypes[0]):
+    if row.category == ot.REDUCTION and row.name in ("Sum", "Prod") and not ot.is_float(dtypes[0]):
         return "i64"  # integer (and bool) sums accumulate and return int64, as PyTorch
     if row.name == "Where":
         if dtypes[0] != "bool":
@@ -87,7 +87,7 @@ def result_dtype(row: T.Op, dtypes: list[str], attrs: tuple) -> str:
         if dtypes[1] != dtypes[2]:
             raise ValueError(f"Where's branches have dtypes {dtypes[1]} and {dtypes[2]}")
         return dtypes[1]
-    if row.category in (T.ELEMENTWISE, T.MATMUL, T.CONVOLUTION) and len(set(dtypes)) > 1:
+    if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION) and len(set(dtypes)) > 1:
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
     if row.name in (
         "Mean",
@@ -105,12 +105,12 @@ def result_dtype(row: T.Op, dtypes: list[str], attrs: tuple) -> str:
         "Softmax",
         "LogSoftmax",
         "LayerNorm",
-    ) and not T.is_float(dtypes[0]):
+    ) and not ot.is_float(dtypes[0]):
         raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")
     return dtypes[0]
 
 
-def shape_of(row: T.Op, shapes: list[Shape], attrs: tuple) -> Shape:
+def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
     rule = row.shape
     if rule == "same":
         return shapes[0]
@@ -153,7 +153,7 @@ def shape_of(row: T.Op, shapes: list[Shape], attrs: tuple) -> Shape:
 
 def infer(graph, node) -> tuple[str, Shape]:
     """dtype and shape of ``node`` (a graph.Node) from its operands in ``graph``."""
-    row = T.BY_NAME[node.op]
+    row = ot.BY_NAME[node.op]
     if node.op in ("Input", "Param"):
         return node.dtype, node.shape
     if node.op == "Scalar":
