@@ -113,13 +113,10 @@ def eval_expr(e: Expr, operands: list[np.ndarray]) -> np.ndarray:
         return eval_expr(e[1], operands).astype(np_dtype(e[2]))
     args = [eval_expr(c, operands) for c in e[1:]]
     row = ops[e[0]]
-    dtype = row.out_dtype or str(np.result_type(*[a.dtype for a in args[1:] or args]))
+    # the result keeps its operands' dtype (comparisons give bool; Where its branches')
+    out = np.bool_ if row.out_dtype == "bool" else args[1 if row.name == "Where" else 0].dtype
     with np.errstate(all="ignore"):
-        return np.asarray(row.numpy(*args)).astype(
-            np.bool_
-            if row.out_dtype == "bool"
-            else (args[1] if row.name == "Where" else args[0]).dtype
-        )
+        return np.asarray(row.numpy(*args)).astype(out)
 
 
 def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
