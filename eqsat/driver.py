@@ -95,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--machine", default="cpu-reference", choices=sorted(MACHINES))
     ap.add_argument("--emit", default="extracted", choices=sorted(EMITTERS))
+    ap.add_argument(
+        "--io",
+        default="host",
+        choices=("host", "device"),
+        help="where inputs arrive and outputs leave (device: as in a compiled call)",
+    )
     ap.add_argument("--iterations", type=int, default=Bounds.iterations)
     ap.add_argument("--max-enodes", type=int, default=Bounds.max_enodes)
     ap.add_argument("--seconds", type=float, default=Bounds.seconds)
@@ -110,6 +116,7 @@ def run(argv: list[str]) -> str:
         rewrites=args.rewrites,
         bounds=Bounds(args.iterations, args.max_enodes, args.seconds),
         machine=args.machine,
+        io_on_device=args.io == "device",
     )
     return EMITTERS[args.emit](compiled)
 

@@ -32,17 +32,19 @@ HOST, DEVICE = "host", "device"
 
 def _enode_type(en: ENode, ty: dict[int, Type], cls_of_opaque: dict[int, Type]) -> Type | None:
     """The type an e-node computes, or None while a child's type is unknown."""
+    op = en.op
+    # a bias may be NoBias; a TList is typed by its head alone
+    need = en.kids[:2] if op in ("Gemm", "Conv") else en.kids[:1] if op == "TCons" else en.kids
     kids = []
-    for k in en.kids:
+    for k in need:
         if k not in ty:
             return None
         kids.append(ty[k])
-    op = en.op
-    if op in ("ToDev", "ToHost", "Loop", "Inline", "Ld"):
-        return kids[0]
+    if op in ("ToDev", "ToHost", "Loop", "Inline", "Ld", "TCons"):
+        return kids[0]  # a TList is typed by its head, so a Custom op by its first operand
     if op == "ESc":
         return (en.attrs[1], ())
-    if op in ("TNil", "TCons", "NoBias", "Opaque", "Item", "Input", "Param"):
+    if op in ("TNil", "NoBias", "Opaque", "Item", "Input", "Param"):
         return None  # typed from the graph (seeded) or not a value
     if op == "Reduce":
         kind, dims, kd = en.attrs
@@ -56,7 +58,7 @@ def _enode_type(en: ENode, ty: dict[int, Type], cls_of_opaque: dict[int, Type]) 
     if op == "Conv":
         return (kids[0][0], tyr.conv_shape(kids[0][1], kids[1][1], *en.attrs))
     if op == "Custom":
-        return None  # typed through its class (it is unioned with a typed graph op)
+        return kids[0]  # saturn's custom kernels keep their first operand's type
     if op.startswith("E") and op[1:] in ot.BY_NAME:
         row = ot.op(op[1:])
         attrs = en.attrs
@@ -186,8 +188,25 @@ class CostModel:
                 if self.io_on_device and _is_leaf(view, k):
                     extra += self.crossing(kt)
         row = ot.BY_NAME.get(op)
-        flops = math.prod(t[1]) * (row.flops if row else 1) if t else 0
+        if row is not None and row.category in (ot.MATMUL, ot.CONVOLUTION):
+            a, b = (
+                (self.types[k] for k in en.kids[-2:])
+                if op in ("Addmm",)
+                else (self.types[en.kids[0]], self.types[en.kids[1]])
+            )
+            flops = contraction_flops(op, t, a, b)
+        else:
+            flops = math.prod(t[1]) * (row.flops if row else 1) if t else 0
         return m.host_op_us + moved / m.host_bytes_per_us + flops / m.host_flops_per_us + extra
+
+
+def contraction_flops(op: str, out: Type, a: Type, b: Type) -> float:
+    """Multiply-adds (x2) of a matrix product or convolution producing ``out``."""
+    if op in ("Conv", "Conv2d", "Conv2dNoBias"):
+        k = math.prod(b[1][1:])  # input channels per group x kernel window
+    else:
+        k = a[1][-1]
+    return 2.0 * math.prod(out[1]) * k
 
 
 def _is_leaf(view: EGraphView, cid: int) -> bool:
@@ -199,19 +218,58 @@ def _is_leaf(view: EGraphView, cid: int) -> bool:
 
 @dataclass
 class Choice:
+    """The chosen e-node of a class and what the sub-program under it costs.
+
+    Tensor classes are shared across the program and paid once (``uses``). Loop bodies
+    (Expr classes) belong to the kernel that evaluates them: their arithmetic is ``tree``,
+    paid again by every kernel that inlines the same body, and they never enter ``uses``.
+    """
+
     enode: ENode
     own: float
-    uses: dict[int, float]  # every class of the sub-program (itself included) -> own cost
+    uses: dict[int, float]  # Tensor classes of the sub-program (itself included) -> own cost
+    tree: float = 0.0  # Expr classes: per-kernel cost of the body under this choice
+    exprs: frozenset[int] = frozenset()  # Expr classes under this choice (cycle checks)
 
     @property
     def total(self) -> float:
-        return sum(self.uses.values())
+        return sum(self.uses.values()) + self.tree
+
+
+def _consider(
+    cid: int, en: ENode, sort: str, best: dict[int, Choice], model: CostModel, view: EGraphView
+) -> Choice | None:
+    uses: dict[int, float] = {}
+    exprs: set[int] = set()
+    tree = 0.0
+    for k in en.kids:
+        kc = best[k]
+        uses.update(kc.uses)
+        exprs |= kc.exprs
+        if view.sort[k] == "Expr":
+            exprs.add(k)
+            tree += kc.tree
+    if cid in uses or cid in exprs:
+        return None  # would read itself: a cycle
+    own = model.cost(cid, en, view)
+    if sort == "Expr":
+        return Choice(en, own, uses, tree + own, frozenset(exprs))
+    if en.op in ("Loop", "Reduce"):
+        own += tree  # the kernel evaluates its body once per element
+    uses[cid] = own
+    return Choice(en, own, uses, 0.0, frozenset(exprs))
 
 
 def extract(
-    view: EGraphView, model: CostModel, roots: list[int] | None = None
+    view: EGraphView,
+    model: CostModel,
+    roots: list[int] | None = None,
+    forced: dict[int, str] | None = None,
 ) -> dict[int, Choice]:
-    """Greedy DAG extraction: the cheapest acyclic choice per class, shared classes once."""
+    """Greedy DAG extraction: the cheapest acyclic choice per class, shared values once.
+
+    ``forced`` restricts a class to e-nodes of one op (used by ``extract_shared``)."""
+    forced = forced or {}
     best: dict[int, Choice] = {}
     changed = True
     rounds = 0
@@ -221,30 +279,75 @@ def extract(
         if rounds > 10 * len(view.classes) + 10:
             raise ValidationError("extraction did not converge")
         for cid, enodes in view.classes.items():
+            sort = view.sort[cid]
             cur = best.get(cid)
             if cur is not None and any(
-                k not in best or cid in best[k].uses for k in cur.enode.kids
+                k not in best or cid in best[k].uses or cid in best[k].exprs for k in cur.enode.kids
             ):
                 del best[cid]  # a child's new choice reads this class: the choice is stale
                 changed = True
             for en in enodes:
                 if any(k not in best for k in en.kids):
                     continue
-                uses: dict[int, float] = {}
-                for k in en.kids:
-                    uses.update(best[k].uses)
-                if cid in uses:
-                    continue  # would read itself: a cycle
-                own = model.cost(cid, en, view)
-                uses[cid] = own
-                total = sum(uses.values())
+                if cid in forced and en.op != forced[cid]:
+                    continue
+                choice = _consider(cid, en, sort, best, model, view)
+                if choice is None:
+                    continue
                 cur = best.get(cid)
-                if cur is None or total < cur.total - 1e-9:
-                    best[cid] = Choice(en, own, uses)
+                if cur is None or choice.total < cur.total - 1e-9:
+                    best[cid] = choice
                     changed = True
     for r in roots if roots is not None else view.outputs:
         if r not in best:
             raise ValidationError(f"extraction found no acyclic program for output class {r}")
+    return best
+
+
+def _references(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> dict[int, int]:
+    """How many chosen e-nodes of the program read each class."""
+    refs: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        for k in best[c].enode.kids:
+            refs[k] = refs.get(k, 0) + 1
+            stack.append(k)
+    return refs
+
+
+def extract_shared(
+    view: EGraphView, model: CostModel, roots: list[int], max_tries: int = 32
+) -> dict[int, Choice]:
+    """Greedy extraction, then a pass over shared loop bodies: a body recomputed by several
+    readers (Inline) is tried materialised once (Ld) and kept so if the whole program gets
+    cheaper. Greedy choice alone cannot see this: each reader decides by itself."""
+    forced: dict[int, str] = {}
+    best = extract(view, model, roots)
+    cost = program_cost(best, roots)
+    tried: set[int] = set()
+    for _ in range(max_tries):
+        refs = _references(view, best, roots)
+        candidates = [
+            c
+            for c, n in refs.items()
+            if n > 1
+            and c not in tried
+            and best[c].enode.op == "Inline"
+            and any(en.op == "Ld" for en in view.classes[c])
+        ]
+        if not candidates:
+            break
+        c = candidates[0]
+        tried.add(c)
+        trial = extract(view, model, roots, {**forced, c: "Ld"})
+        trial_cost = program_cost(trial, roots)
+        if trial_cost < cost - 1e-9:
+            forced[c], best, cost = "Ld", trial, trial_cost
     return best
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
-from .extract import CostModel, extract, infer_placement, infer_types, program_cost
+from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
 from .program import Program, lower
 
@@ -44,7 +44,7 @@ def compile_graph(
     # 3. extract: cheapest acyclic program, shared values paid once
     model = CostModel(MACHINES[machine], types, place, io_on_device)
     roots = [device_twin(view, r, place) if io_on_device else r for r in view.outputs]
-    best = extract(view, model, roots)
+    best = extract_shared(view, model, roots)
     # 4. lower: kernel descriptions, host steps and crossings, validated
     program = lower(graph, view, best, types, place, roots, io_on_device)
     return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))

@@ -1,0 +1,69 @@
+"""The text driver: every emit mode, and exit status 2 with file and line on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from saturn.eqsat.driver import main
+
+from .golden_runner import GOLDEN
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "saturn.eqsat", *args], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("emit", ["extracted", "kernels", "stats", "dot"])
+def test_emit_modes(emit, capsys):
+    assert main([str(GOLDEN / "decompose_softmax.graph"), "--emit", emit, "--io", "device"]) == 0
+    out = capsys.readouterr().out
+    marker = {
+        "extracted": "kernel reduce",
+        "kernels": "indexing=",
+        "stats": "saturation:",
+        "dot": "digraph egraph",
+    }[emit]
+    assert marker in out
+
+
+def test_malformed_graph_exits_2_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad.graph"
+    bad.write_text("(input x f32 [2 3])\n\n(let y (Add x))\n(output y)\n")
+    proc = run(str(bad))
+    assert proc.returncode == 2
+    assert f"{bad}:3:" in proc.stderr and "Add takes 2 arguments" in proc.stderr
+
+
+def test_bad_rule_file_exits_2_with_file_and_line(tmp_path):
+    bad = tmp_path / "bad.egg"
+    bad.write_text("(ruleset r)\n(rewrite (Exp x) (Nope x) :ruleset r)\n")
+    proc = run(str(GOLDEN / "fuse_add_relu.graph"), "--rules", str(bad))
+    assert proc.returncode == 2 and f"{bad}:2:" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("(input x f32 [2])\n(let y (Add x x)\n", "missing ')'"),
+        ("(input x f32 [2])\n(let y (Frob x))\n(output y)\n", "unknown operation 'Frob'"),
+        ("(input x f32 [2])\n(let y (Add x z))\n(output y)\n", "'z' is not defined"),
+        (
+            "(input x f32 [2])\n(input y f32 [3])\n(let r (Add x y))\n(output r)\n",
+            "do not broadcast",
+        ),
+        ("(input x f32 [2])\n(input y i32 [2])\n(let r (Add x y))\n(output r)\n", "insert a Cast"),
+        ("(input x f32 [2])\n(let r (Relu x))\n", "no (output"),
+        ("(input x q8 [2])\n(output x)\n", "unknown dtype"),
+    ],
+)
+def test_graph_errors(tmp_path, text, message):
+    f = tmp_path / "g.graph"
+    f.write_text(text)
+    proc = run(str(f))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert str(f) in proc.stderr
