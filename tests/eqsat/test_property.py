@@ -18,7 +18,7 @@ SHAPES = ["[3 5]", "[5]", "[3 1]", "[1 5]", "[]"]
 
 
 def random_graph(rng: np.random.Generator, dtype: str) -> str:
-    lines = ["(input a %s [3 5])" % dtype]
+    lines = [f"(input a {dtype} [3 5])"]
     names = ["a"]
     for i, shape in enumerate(rng.choice(SHAPES, size=2)):
         lines.append(f"(input i{i} {dtype} {shape})")
