@@ -11,8 +11,11 @@ sub-program contains its own class is skipped, so the result is acyclic.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import optable as ot
 from . import types as tyr
@@ -220,44 +223,144 @@ def _is_leaf(view: EGraphView, cid: int) -> bool:
 class Choice:
     """The chosen e-node of a class and what the sub-program under it costs.
 
-    Tensor classes are shared across the program and paid once (``uses``). Loop bodies
-    (Expr classes) belong to the kernel that evaluates them: their arithmetic is ``tree``,
-    paid again by every kernel that inlines the same body, and they never enter ``uses``.
+    Tensor classes are shared across the program and paid once: ``uses`` marks every class
+    of the sub-program (a boolean vector over class indices). Loop bodies (Expr classes)
+    belong to the kernel that evaluates them: their arithmetic is ``tree``, paid again by
+    every kernel that inlines the same body; their bits in ``uses`` only serve cycle checks.
     """
 
     enode: ENode
-    own: float
-    uses: dict[int, float]  # Tensor classes of the sub-program (itself included) -> own cost
-    tree: float = 0.0  # Expr classes: per-kernel cost of the body under this choice
-    exprs: frozenset[int] = frozenset()  # Expr classes under this choice (cycle checks)
-
-    @property
-    def total(self) -> float:
-        return sum(self.uses.values()) + self.tree
+    own: float  # Tensor classes: this e-node's cost (a kernel's includes its body's tree)
+    uses: np.ndarray
+    total: float  # own + every other Tensor class used, once; Expr classes: tree + uses
+    tree: float = 0.0
+    expr: bool = False  # a loop-body choice (its cost is inside its kernel's)
 
 
-def _consider(
-    cid: int, en: ENode, sort: str, best: dict[int, Choice], model: CostModel, view: EGraphView
-) -> Choice | None:
-    uses: dict[int, float] = {}
-    exprs: set[int] = set()
-    tree = 0.0
-    for k in en.kids:
-        kc = best[k]
-        uses.update(kc.uses)
-        exprs |= kc.exprs
-        if view.sort[k] == "Expr":
-            exprs.add(k)
-            tree += kc.tree
-    if cid in uses or cid in exprs:
-        return None  # would read itself: a cycle
-    own = model.cost(cid, en, view)
-    if sort == "Expr":
-        return Choice(en, own, uses, tree + own, frozenset(exprs))
-    if en.op in ("Loop", "Reduce"):
-        own += tree  # the kernel evaluates its body once per element
-    uses[cid] = own
-    return Choice(en, own, uses, 0.0, frozenset(exprs))
+class _Extractor:
+    """Worklist greedy DAG extraction over class indices, with numpy masks for the sets."""
+
+    def __init__(self, view: EGraphView, model: CostModel):
+        self.view, self.model = view, model
+        self.ids = list(view.classes)
+        self.index = {c: i for i, c in enumerate(self.ids)}
+        self.is_expr = {c: view.sort[c] == "Expr" for c in self.ids}
+        self.own_vec = np.zeros(len(self.ids))  # current own cost of each Tensor class
+        self.parents: dict[int, set[int]] = {c: set() for c in self.ids}
+        self.enode_cost: dict[tuple[int, int], float] = {}
+        self._heights: dict[int, float] | None = None
+        for c, enodes in view.classes.items():
+            for i, en in enumerate(enodes):
+                for k in en.kids:
+                    self.parents[k].add(c)
+                self.enode_cost[(c, i)] = model.cost(c, en, view)
+
+    def consider(self, cid: int, i: int, en: ENode, best: dict[int, Choice]) -> Choice | None:
+        n = len(self.ids)
+        uses = np.zeros(n, dtype=bool)
+        tree = 0.0
+        for k in en.kids:
+            kc = best[k]
+            uses |= kc.uses
+            if self.is_expr[k]:
+                tree += kc.tree
+        me = self.index[cid]
+        if uses[me]:
+            return None  # would read itself: a cycle
+        own = self.enode_cost[(cid, i)]
+        if self.is_expr[cid]:
+            shared = float(self.own_vec[uses].sum())
+            uses[me] = True
+            return Choice(en, own, uses, tree + own + shared, tree + own, expr=True)
+        if en.op in ("Loop", "Reduce"):
+            own += tree  # the kernel evaluates its body once per element
+        shared = float(self.own_vec[uses].sum())
+        uses[me] = True
+        return Choice(en, own, uses, own + shared)
+
+    def best_of(self, cid: int, best: dict[int, Choice], forced: dict[int, str]) -> Choice | None:
+        found = None
+        for i, en in enumerate(self.view.classes[cid]):
+            if cid in forced and en.op != forced[cid]:
+                continue
+            if any(k not in best for k in en.kids):
+                continue
+            c = self.consider(cid, i, en, best)
+            if c is not None and (found is None or c.total < found.total - 1e-9):
+                found = c
+        return found
+
+    def heights(self) -> dict[int, float]:
+        """Bottom-up order: the length of the shortest acyclic derivation of each class
+        (Knuth's generalisation of Dijkstra: a class is final when popped)."""
+        waiting: dict[tuple[int, int], int] = {}
+        users: dict[int, list[tuple[int, int]]] = {c: [] for c in self.ids}
+        heap: list[tuple[int, int]] = []
+        for c, enodes in self.view.classes.items():
+            for i, en in enumerate(enodes):
+                kids = set(en.kids)
+                waiting[(c, i)] = len(kids)
+                for k in kids:
+                    users[k].append((c, i))
+                if not kids:
+                    heapq.heappush(heap, (0, c))
+        h: dict[int, float] = {}
+        while heap:
+            v, c = heapq.heappop(heap)
+            if c in h:
+                continue
+            h[c] = v
+            for p, i in users[c]:
+                waiting[(p, i)] -= 1
+                if waiting[(p, i)] == 0 and p not in h:
+                    heapq.heappush(heap, (v + 1, p))
+        return h
+
+    def run(
+        self,
+        best: dict[int, Choice],
+        classes: list[int],
+        forced: dict[int, str],
+        max_passes: int = 8,
+    ) -> dict[int, Choice]:
+        """Passes over ``classes`` bottom-up, re-choosing each, until a pass changes nothing."""
+        if self._heights is None:
+            self._heights = self.heights()
+        h = self._heights
+        order = sorted(classes, key=lambda c: (h.get(c, math.inf), c))
+        for _ in range(max_passes):
+            changed = False
+            for cid in order:
+                new = self.best_of(cid, best, forced)
+                old = best.get(cid)
+                if new is None:
+                    if old is not None:
+                        del best[cid]
+                        changed = True
+                    continue
+                if (
+                    old is not None
+                    and new.enode == old.enode
+                    and abs(new.total - old.total) <= 1e-9 * max(1.0, abs(old.total))
+                ):
+                    continue
+                best[cid] = new
+                if not self.is_expr[cid]:
+                    self.own_vec[self.index[cid]] = new.own
+                changed = True
+            if not changed:
+                break
+        return best
+
+    def ancestors(self, cid: int) -> list[int]:
+        seen = {cid}
+        stack = [cid]
+        while stack:
+            for p in self.parents[stack.pop()]:
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return list(seen)
 
 
 def extract(
@@ -269,39 +372,16 @@ def extract(
     """Greedy DAG extraction: the cheapest acyclic choice per class, shared values once.
 
     ``forced`` restricts a class to e-nodes of one op (used by ``extract_shared``)."""
-    forced = forced or {}
-    best: dict[int, Choice] = {}
-    changed = True
-    rounds = 0
-    while changed:
-        changed = False
-        rounds += 1
-        if rounds > 10 * len(view.classes) + 10:
-            raise ValidationError("extraction did not converge")
-        for cid, enodes in view.classes.items():
-            sort = view.sort[cid]
-            cur = best.get(cid)
-            if cur is not None and any(
-                k not in best or cid in best[k].uses or cid in best[k].exprs for k in cur.enode.kids
-            ):
-                del best[cid]  # a child's new choice reads this class: the choice is stale
-                changed = True
-            for en in enodes:
-                if any(k not in best for k in en.kids):
-                    continue
-                if cid in forced and en.op != forced[cid]:
-                    continue
-                choice = _consider(cid, en, sort, best, model, view)
-                if choice is None:
-                    continue
-                cur = best.get(cid)
-                if cur is None or choice.total < cur.total - 1e-9:
-                    best[cid] = choice
-                    changed = True
-    for r in roots if roots is not None else view.outputs:
+    ex = _Extractor(view, model)
+    best = ex.run({}, list(ex.ids), forced or {})
+    _check_roots(best, roots if roots is not None else view.outputs)
+    return best
+
+
+def _check_roots(best: dict[int, Choice], roots: list[int]) -> None:
+    for r in roots:
         if r not in best:
             raise ValidationError(f"extraction found no acyclic program for output class {r}")
-    return best
 
 
 def _references(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> dict[int, int]:
@@ -321,39 +401,60 @@ def _references(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> 
 
 
 def extract_shared(
-    view: EGraphView, model: CostModel, roots: list[int], max_tries: int = 32
+    view: EGraphView, model: CostModel, roots: list[int], max_tries: int = 64
 ) -> dict[int, Choice]:
     """Greedy extraction, then a pass over shared loop bodies: a body recomputed by several
     readers (Inline) is tried materialised once (Ld) and kept so if the whole program gets
-    cheaper. Greedy choice alone cannot see this: each reader decides by itself."""
+    cheaper. Greedy choice alone cannot see this: each reader decides by itself. Only bodies
+    whose repeated arithmetic could pay for a launch and a round trip through memory are
+    tried, and each trial re-extracts only the classes above the changed one."""
+    ex = _Extractor(view, model)
     forced: dict[int, str] = {}
-    best = extract(view, model, roots)
+    best = ex.run({}, list(ex.ids), forced)
+    _check_roots(best, roots)
     cost = program_cost(best, roots)
     tried: set[int] = set()
     for _ in range(max_tries):
         refs = _references(view, best, roots)
-        candidates = [
-            c
-            for c, n in refs.items()
-            if n > 1
-            and c not in tried
-            and best[c].enode.op == "Inline"
-            and any(en.op == "Ld" for en in view.classes[c])
-        ]
+        candidates = []
+        for c, n in refs.items():
+            if n < 2 or c in tried or best[c].enode.op != "Inline":
+                continue
+            ld = [en for en in view.classes[c] if en.op == "Ld"]
+            if not ld:
+                continue
+            t = model.types.get(ld[0].kids[0])
+            saving = (n - 1) * best[c].tree
+            if t is None or saving <= model.machine.launch_us:
+                continue
+            candidates.append((saving, c))
         if not candidates:
             break
-        c = candidates[0]
+        _, c = max(candidates)
         tried.add(c)
-        trial = extract(view, model, roots, {**forced, c: "Ld"})
-        trial_cost = program_cost(trial, roots)
-        if trial_cost < cost - 1e-9:
-            forced[c], best, cost = "Ld", trial, trial_cost
+        trial_forced = {**forced, c: "Ld"}
+        trial = {k: v for k, v in best.items()}
+        own_backup = ex.own_vec.copy()
+        trial = ex.run(trial, ex.ancestors(c), trial_forced)
+        if all(r in trial for r in roots) and program_cost(trial, roots) < cost - 1e-9:
+            forced, best, cost = trial_forced, trial, program_cost(trial, roots)
+        else:
+            ex.own_vec = own_backup
     return best
 
 
 def program_cost(best: dict[int, Choice], roots: list[int]) -> float:
-    """Total cost of the extracted program for these roots, each class once."""
-    uses: dict[int, float] = {}
-    for r in roots:
-        uses.update(best[r].uses)
-    return sum(uses.values())
+    """Total cost of the extracted program for these roots: each Tensor class once."""
+    seen: set[int] = set()
+    total = 0.0
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        ch = best[c]
+        if not ch.expr:
+            total += ch.own
+        stack.extend(ch.enode.kids)
+    return total
