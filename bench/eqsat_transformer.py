@@ -26,7 +26,7 @@ from saturn.eqsat.program import lower
 def block(i: int, x: str, s: int, d: int, h: int) -> tuple[list[str], str]:
     p = f"b{i}_"
     dh = d // h
-    L = [
+    lines = [
         f"(param {p}g1 f32 [{d}])",
         f"(param {p}be1 f32 [{d}])",
         f"(param {p}wq f32 [{d} {d}])",
@@ -61,7 +61,7 @@ def block(i: int, x: str, s: int, d: int, h: int) -> tuple[list[str], str]:
         f"(let {p}h2 (Addmm {p}b2 {p}h1 {p}w2))",
         f"(let {p}out (Add {p}r1 {p}h2))",
     ]
-    return L, f"{p}out"
+    return lines, f"{p}out"
 
 
 def transformer_text(blocks: int, s: int = 128, d: int = 256, h: int = 4) -> str:
