@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from . import optable as ot
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
-from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
+from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type, infer_layout
 from .graph import Graph, bits_float, fmt_float, fmt_ints
 
 Expr = tuple  # ("in", i) | ("const", bits, dtype) | (op, *children)
@@ -133,7 +133,9 @@ class _Lowering:
         types: dict[int, Type],
         place: dict[int, str],
         io_on_device: bool,
+        layout: dict[int, str],
     ):
+        self.layout = layout
         self.graph, self.view, self.best = graph, view, best
         self.types, self.place, self.io_on_device = types, place, io_on_device
         self.steps: list[Step] = []
@@ -273,7 +275,13 @@ class _Lowering:
             leaves: list[int] = []
             body = self.expr(body_cid, leaves, covers)
             inputs = [
-                Operand(self.value(c), *self.typ(c), indexing(self.typ(c)[1], domain))
+                Operand(
+                    self.value(c),
+                    *self.typ(c),
+                    "strided"
+                    if self.layout.get(c) == "strided"
+                    else indexing(self.typ(c)[1], domain),
+                )
                 for c in leaves
             ]
             if en.op == "Loop":
@@ -360,7 +368,7 @@ def lower(
     roots: list[int],
     io_on_device: bool = False,
 ) -> Program:
-    low = _Lowering(graph, view, best, types, place, io_on_device)
+    low = _Lowering(graph, view, best, types, place, io_on_device, infer_layout(view))
     for name in graph.nodes:
         if graph.nodes[name].op in ("Input", "Param"):
             low.value(view.named[name])
