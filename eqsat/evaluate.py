@@ -83,12 +83,36 @@ def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.nd
             v = np.mean(c * c, axis=axis, keepdims=True)
             eps = scalar(attrs[1], dtype)
             return (c * (1 / np.sqrt(v + eps)) * w + b).astype(np_dtype(dtype))
+        if op in ("Conv2d", "Conv2dNoBias"):
+            b = args[2] if op == "Conv2d" else None
+            return conv2d(args[0], args[1], b, *attrs)
         if op == "RMSNorm":
             x, w = args
             eps = scalar(attrs[0], dtype)
             ms = np.mean(x * x, axis=-1, keepdims=True)
             return (x * (1 / np.sqrt(ms + eps)) * w).astype(np_dtype(dtype))
     raise NotImplementedError(f"the reference evaluator has no rule for {op}")
+
+
+def conv2d(x, w, b, stride, padding, dilation, groups) -> np.ndarray:
+    """Cross-correlation as PyTorch's conv2d (NCHW, OIHW weights), by windows and einsum."""
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+    win = np.lib.stride_tricks.sliding_window_view(
+        xp, ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1), axis=(2, 3)
+    )
+    win = win[:, :, :: stride[0], :: stride[1], :: dilation[0], :: dilation[1]]
+    og = o // groups
+    outs = []
+    for g in range(groups):
+        xs = win[:, g * cg : (g + 1) * cg]
+        ws = w[g * og : (g + 1) * og]
+        outs.append(np.einsum("nchwij,ocij->nohw", xs, ws, dtype=np.float64))
+    y = np.concatenate(outs, axis=1)
+    if b is not None:
+        y = y + b.reshape(1, -1, 1, 1)
+    return y.astype(x.dtype)
 
 
 def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -154,6 +178,12 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         elif k.attrs["epilogue"] == "gelu_bias":
             r = ot.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
         return np.asarray(r).astype(np_dtype(k.dtype))
+    if k.kind == "conv":
+        a = k.attrs
+        b = operands[2] if a["bias"] else None
+        return conv2d(
+            operands[0], operands[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
+        )
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
         return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
     raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")

@@ -1,0 +1,204 @@
+"""The CPU emitter: kernel descriptions to Numba ``njit`` functions for saturn:0.
+
+It takes the same descriptions the CUDA emitter takes. Loops with packed operands run one
+flat loop (operands read at ``i``, ``i % n``, ``i // n`` or ``0`` by their indexing);
+anything strided runs nested loops over the iteration shape with every operand viewed
+broadcast to it. Reductions run outer loops over the kept axes and inner loops over the
+reduced ones, accumulating in float64 (floats) or int64 (integers), NaN propagating for
+max/min. Source is written under the cache directory so Numba can cache the machine code
+on disk; each distinct source is compiled once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.program import Kernel
+
+from .expr import HELPERS, NUMBA_TYPE, BodyWriter
+
+_LOCK = threading.Lock()
+_LOADED: dict[str, Callable] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SATURN_CACHE_DIR")
+    base = (
+        Path(root)
+        if root
+        else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "saturn"
+    )
+    return base / "cpu-kernels"
+
+
+def _flat_read(name: str, indexing: str, i: int) -> str:
+    if indexing == "same":
+        return f"{name}[i]"
+    if indexing == "scalar":
+        return f"{name}[0]"
+    if indexing == "trailing":
+        return f"{name}[i % {name}.size]"
+    if indexing == "leading":
+        return f"{name}[i // (n // {name}.size)]"
+    raise ValueError(indexing)
+
+
+def loop_source(k: Kernel, fn: str) -> str:
+    names = [f"in{i}" for i in range(len(k.inputs))]
+    flat = all(o.indexing != "strided" for o in k.inputs)
+    rank = len(k.domain)
+    if flat:
+        idx = "i"
+        head = [
+            f"def {fn}(out, {', '.join(names)}):" if names else f"def {fn}(out):",
+            "    n = out.size",
+            "    for i in range(n):",
+        ]
+        reads = {i: _flat_read(names[i], o.indexing, i) for i, o in enumerate(k.inputs)}
+        ind = "        "
+    else:
+        loops = [f"j{d}" for d in range(rank)]
+        idx = ", ".join(loops) if rank else "0"
+        head = [f"def {fn}(out, {', '.join(names)}):"]
+        ind = "    "
+        for d in range(rank):
+            head.append(f"{ind}for j{d} in range(out.shape[{d}]):")
+            ind += "    "
+        reads = {
+            i: f"{names[i]}[{idx}]" if rank else f"{names[i]}[()]" for i in range(len(k.inputs))
+        }
+    body = BodyWriter(lambda i: f"{names[i]}_v", lambda i: k.inputs[i].dtype)
+    pre = [f"{names[i]}_v = {reads[i]}" for i in range(len(k.inputs))]
+    result, _ = body.emit(k.body)
+    store = f"out[{idx}]" if (flat or rank) else "out[()]"
+    lines = head + [ind + line for line in pre + body.lines]
+    lines.append(f"{ind}{store} = {NUMBA_TYPE[k.dtype]}({result})")
+    return "\n".join(lines)
+
+
+def reduce_source(k: Kernel, fn: str) -> str:
+    names = [f"in{i}" for i in range(len(k.inputs))]
+    rank = len(k.domain)
+    dims = set(k.attrs["dims"])
+    kept = [d for d in range(rank) if d not in dims]
+    kind = k.attrs["reduce"]
+    acc_t = "np.float64" if k.dtype in ot.FLOATS else "np.int64"
+    init = {
+        "sum": "0",
+        "mean": "0",
+        "prod": "1",
+        "max": "-np.inf" if k.dtype in ot.FLOATS else str(np.iinfo(np.int64).min),
+        "min": "np.inf" if k.dtype in ot.FLOATS else str(np.iinfo(np.int64).max),
+    }[kind]
+    lines = [f"def {fn}(out, {', '.join(names)}):"]
+    ind = "    "
+    for d in kept:
+        lines.append(f"{ind}for j{d} in range({names[0]}.shape[{d}]):")
+        ind += "    "
+    lines.append(f"{ind}acc = {acc_t}({init})")
+    for d in sorted(dims):
+        lines.append(f"{ind}for j{d} in range({names[0]}.shape[{d}]):")
+        ind += "    "
+    idx = ", ".join(f"j{d}" for d in range(rank)) if rank else "()"
+    body = BodyWriter(lambda i: f"{names[i]}_v", lambda i: k.inputs[i].dtype)
+    pre = [f"{names[i]}_v = {names[i]}[{idx}]" for i in range(len(k.inputs))]
+    v, _ = body.emit(k.body)
+    lines += [ind + line for line in pre + body.lines]
+    if kind in ("sum", "mean"):
+        lines.append(f"{ind}acc += {v}")
+    elif kind == "prod":
+        lines.append(f"{ind}acc *= {v}")
+    else:
+        cmp = ">" if kind == "max" else "<"
+        lines.append(f"{ind}if {v} != {v} or {v} {cmp} acc:")
+        lines.append(f"{ind}    acc = {v}")
+        lines.append(f"{ind}if acc != acc:")  # NaN stays NaN
+        lines.append(f"{ind}    break")
+    ind = "    " * (1 + len(kept))
+    count = " * ".join(f"{names[0]}.shape[{d}]" for d in sorted(dims)) or "1"
+    if kind == "mean":
+        lines.append(f"{ind}acc = acc / ({count})")
+    out_idx = ", ".join(f"j{d}" for d in kept) if kept else "()"
+    lines.append(f"{ind}out[{out_idx}] = {NUMBA_TYPE[k.dtype]}(acc)")
+    return "\n".join(lines)
+
+
+def kernel_source(k: Kernel) -> tuple[str, str]:
+    """(module source, function name) for a loop or reduce kernel."""
+    digest = hashlib.sha256(
+        repr(
+            (k.kind, k.body, k.domain, k.dtype, k.attrs, [(o.dtype, o.indexing) for o in k.inputs])
+        ).encode()
+    )
+    fn = f"{k.kind}_{digest.hexdigest()[:12]}"
+    body = loop_source(k, fn) if k.kind == "loop" else reduce_source(k, fn)
+    src = (
+        "# generated by saturn.codegen.cpu\nimport math\n\nimport numba\nimport numpy as np\n"
+        + HELPERS
+        + "\n\n@numba.njit(cache=True)\n"
+        + body
+        + "\n"
+    )
+    return src, fn
+
+
+def load(k: Kernel) -> Callable:
+    """The compiled function for a kernel (compiled once per distinct source)."""
+    src, fn = kernel_source(k)
+    key = hashlib.sha256(src.encode()).hexdigest()[:20]
+    with _LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+        d = cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"k_{key}.py"
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(src)
+            tmp.replace(path)
+        name = f"saturn_cpu_k_{key}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # Numba's disk cache re-imports the module by name
+        spec.loader.exec_module(mod)
+        _LOADED[key] = getattr(mod, fn)
+        return _LOADED[key]
+
+
+def prepare_operands(k: Kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Arrays shaped for the kernel: flat for packed loops, broadcast views otherwise."""
+    flat = k.kind == "loop" and all(o.indexing != "strided" for o in k.inputs)
+    out = []
+    for o, a in zip(k.inputs, arrays, strict=True):
+        if tuple(a.shape) != tuple(o.shape):
+            raise ValueError(f"kernel operand has shape {a.shape}, compiled for {o.shape}")
+        if flat:
+            if not a.flags.c_contiguous:
+                raise ValueError("a packed operand is not contiguous")
+            out.append(a.reshape(-1) if a.ndim else a.reshape(1))
+        else:
+            out.append(np.broadcast_to(a, k.domain))
+    return out
+
+
+def run(k: Kernel, out: np.ndarray, arrays: list[np.ndarray]) -> None:
+    """Run a loop or reduce kernel on the CPU, writing ``out`` (its packed output)."""
+    fn = load(k)
+    ops = prepare_operands(k, arrays)
+    if k.kind == "loop":
+        if all(o.indexing != "strided" for o in k.inputs):
+            fn(out.reshape(-1) if out.ndim else out.reshape(1), *ops)
+        else:
+            fn(out, *ops)
+    else:
+        kept = [s for d, s in enumerate(k.domain) if d not in set(k.attrs["dims"])]
+        fn(out.reshape(kept) if kept else out.reshape(()), *ops)

@@ -1,0 +1,111 @@
+"""Rendering kernel bodies as scalar code, shared by the CPU and CUDA emitters.
+
+Each body node becomes one statement assigning a local named after the value it holds
+(``exp_3 = math.exp(sub_2)``); constants are written in the kernel's element type
+(``np.float32(0.5)``), so a float32 kernel has no double-precision arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.graph import bits_float
+
+NUMBA_TYPE = {
+    "bool": "np.bool_",
+    "u8": "np.uint8",
+    "i8": "np.int8",
+    "i16": "np.int16",
+    "i32": "np.int32",
+    "i64": "np.int64",
+    "f16": "np.float16",
+    "f32": "np.float32",
+    "f64": "np.float64",
+}
+
+# Named constants the op table's templates use, by value.
+NAMED = {
+    "one": 1.0,
+    "zero": 0.0,
+    "half": 0.5,
+    "rsqrt2": 1 / math.sqrt(2),
+    "sqrt2pi": math.sqrt(2 / math.pi),
+    "c0447": 0.044715,
+}
+
+HELPERS = """
+@numba.njit(inline="always")
+def max_nan(a, b):
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a > b else b
+
+
+@numba.njit(inline="always")
+def min_nan(a, b):
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a < b else b
+"""
+
+
+def literal(value: float, dtype: str) -> str:
+    """A constant in ``dtype``: never a bare Python float in a float32 kernel."""
+    t = NUMBA_TYPE[dtype]
+    if dtype == "bool":
+        return f"{t}({bool(value)})"
+    if dtype in ot.FLOATS:
+        if math.isnan(value):
+            return f"{t}(np.nan)"
+        if math.isinf(value):
+            return f"{t}({'' if value > 0 else '-'}np.inf)"
+        return f"{t}({float(value)!r})"
+    return f"{t}({int(value)})"
+
+
+class BodyWriter:
+    """Turns a body tree into statements; ``operand(i)`` names how operand i is read."""
+
+    def __init__(self, operand, dtype_of_operand):
+        self.operand = operand
+        self.dtype_of_operand = dtype_of_operand
+        self.lines: list[str] = []
+        self.count = 0
+        self.memo: dict[tuple, tuple[str, str]] = {}
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}_{self.count}"
+
+    def emit(self, e: tuple) -> tuple[str, str]:
+        """Statements for ``e``; returns (variable, dtype). Equal subtrees are computed once."""
+        if e in self.memo:
+            return self.memo[e]
+        out = self._emit(e)
+        self.memo[e] = out
+        return out
+
+    def _emit(self, e: tuple) -> tuple[str, str]:
+        if e[0] == "in":
+            return self.operand(e[1]), self.dtype_of_operand(e[1])
+        if e[0] == "const":
+            return literal(bits_float(e[1]), e[2]), e[2]
+        if e[0] == "cast":
+            v, _ = self.emit(e[1])
+            name = self.fresh("cast")
+            self.lines.append(f"{name} = {NUMBA_TYPE[e[2]]}({v})")
+            return name, e[2]
+        row = ot.op({o.name.lower(): o.name for o in ot.elementwise()}[e[0]])
+        args = [self.emit(c) for c in e[1:]]
+        dtype = row.out_dtype or args[1 if row.name == "Where" else 0][1]
+        const_t = args[1 if row.name == "Where" else 0][1]
+        consts = {k: literal(v, const_t) for k, v in NAMED.items()}
+        code = row.expr.format(*[a for a, _ in args], **consts, cast="")
+        name = self.fresh(row.name.lower())
+        self.lines.append(f"{name} = {code}")
+        return name, dtype
