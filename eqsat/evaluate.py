@@ -96,7 +96,7 @@ def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.nd
 
 def conv2d(x, w, b, stride, padding, dilation, groups) -> np.ndarray:
     """Cross-correlation as PyTorch's conv2d (NCHW, OIHW weights), by windows and einsum."""
-    n, c, _, _ = x.shape
+
     o, cg, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
     win = np.lib.stride_tricks.sliding_window_view(
