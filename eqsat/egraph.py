@@ -97,6 +97,8 @@ def _term(node, graph: Graph, names: dict[str, str]) -> str:
         return f'({node.op} "{node.name}")'
     if node.op == "Scalar":
         return f'(Scalar {node.attrs[0]} "{node.attrs[1]}")'
+    if node.op == "Item":
+        return f"(Item {args[0]} {int(node.attrs[0])})"
     if node.op == "Opaque":
         lst = "(TNil)"
         for a in reversed(args):

@@ -64,6 +64,11 @@ def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.nd
                 for i, s in enumerate(attrs[0])
             ]
             return np.broadcast_to(args[0], shape)
+        if op == "Slice":
+            dim, start, end, step = attrs
+            index = [slice(None)] * args[0].ndim
+            index[dim] = slice(start, end, step)
+            return args[0][tuple(index)]
         if op in ("MatMul", "BatchMatMul"):
             return np.matmul(args[0], args[1]).astype(np_dtype(dtype))
         if op == "Addmm":

@@ -26,7 +26,7 @@ from .graph import Graph
 
 Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
 KERNELS = ("Loop", "Reduce", "Gemm", "Conv", "Custom")
-MOVEMENT = ("View", "Permute", "Expand")
+MOVEMENT = ("View", "Permute", "Expand", "Slice")
 HOST, DEVICE = "host", "device"
 
 
@@ -132,40 +132,6 @@ def infer_placement(view: EGraphView) -> dict[int, str]:
                         f"(e-node {en})"
                     )
     return place
-
-
-def infer_layout(view: EGraphView) -> dict[int, str]:
-    """packed or strided for every Tensor class. Inputs, kernel and host-op outputs are
-    packed (row-major, the executor packs inputs that are not); a permutation or an
-    expansion is strided; views and crossings keep their operand's layout. Every e-node of
-    a class must agree."""
-    layout: dict[int, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for cid, enodes in view.classes.items():
-            if view.sort[cid] != "Tensor":
-                continue
-            for en in enodes:
-                if en.op in ("Permute", "Expand"):
-                    lay = "strided"
-                elif en.op in ("View", "ToDev", "ToHost"):
-                    if en.kids[0] not in layout:
-                        continue
-                    lay = layout[en.kids[0]]
-                elif en.op == "NoBias":
-                    continue
-                else:
-                    lay = "packed"
-                if cid not in layout:
-                    layout[cid] = lay
-                    changed = True
-                elif layout[cid] != lay:
-                    raise ValidationError(
-                        f"layout analysis: class {cid} is both {layout[cid]} and {lay} "
-                        f"(e-node {en})"
-                    )
-    return layout
 
 
 # --- cost model ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from . import optable as ot
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
-from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type, infer_layout
+from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
 from .graph import Graph, bits_float, fmt_float, fmt_ints
 
 Expr = tuple  # ("in", i) | ("const", bits, dtype) | (op, *children)
@@ -163,6 +163,13 @@ class _Lowering:
         if choice is None:
             raise ValidationError(f"lowering: class {cid} has no extracted choice")
         name = self.lower(cid, choice.enode)
+        en = choice.enode
+        if en.op in ("Permute", "Expand", "Slice"):
+            self.layout[cid] = "strided"
+        elif en.op in ("View", "ToDev", "ToHost") and en.kids:
+            self.layout[cid] = self.layout.get(en.kids[0], "packed")
+        else:
+            self.layout[cid] = "packed"
         self.visiting.discard(cid)
         self.done[cid] = name
         return name
@@ -368,7 +375,7 @@ def lower(
     roots: list[int],
     io_on_device: bool = False,
 ) -> Program:
-    low = _Lowering(graph, view, best, types, place, io_on_device, infer_layout(view))
+    low = _Lowering(graph, view, best, types, place, io_on_device, {})
     for name in graph.nodes:
         if graph.nodes[name].op in ("Input", "Param"):
             low.value(view.named[name])

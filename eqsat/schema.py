@@ -121,6 +121,8 @@ def schema_text() -> str:
         ' :name "type-Expand")',
         "(rule ((= e (Permute x p)) (= d (dtype x)) (= r (rank x)))"
         ' ((set (dtype e) d) (set (rank e) r)) :ruleset analysis :name "type-Permute")',
+        "(rule ((= e (Slice x dim a b st)) (= d (dtype x)) (= r (rank x)))"
+        ' ((set (dtype e) d) (set (rank e) r)) :ruleset analysis :name "type-Slice")',
         ";; reductions: keepdim keeps the rank; otherwise it drops one per reduced axis",
     ]
     for name in ("Sum", "Mean", "Amax", "Amin", "Prod"):

@@ -133,6 +133,13 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return tuple(shapes[0][p] for p in perm)
     if rule == "expand":
         return expand_shape(shapes[0], attrs[0])
+    if rule == "slice":
+        dim, start, end, step = attrs
+        shape = list(shapes[0])
+        if not 0 <= dim < len(shape) or step < 1 or not 0 <= start <= end <= shape[dim]:
+            raise ValueError(f"slice dim {dim} [{start}:{end}:{step}] of {shapes[0]}")
+        shape[dim] = (end - start + step - 1) // step
+        return tuple(shape)
     if rule in ("matmul", "addmm"):
         a, b = shapes[-2], shapes[-1]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:

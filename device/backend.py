@@ -1,0 +1,197 @@
+"""``torch.compile(model, backend="saturn")``.
+
+Registered only through the ``torch_dynamo_backends`` entry point (this module must not
+also call ``register_backend``). Dynamo's graph goes through AOTAutograd with saturn's
+decomposition table; each forward (and backward) graph is imported, compiled by
+``saturn.eqsat`` into a recipe, and run by the executor with the boxed calling convention.
+A graph saturn cannot represent runs uncompiled, and the reason is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from saturn.eqsat.errors import EqsatError
+from saturn.eqsat.pipeline import Compiled, compile_graph
+
+from . import decompositions
+from .importer import Imported, Unsupported, import_graph
+from .options import Options, parse
+from .recipe import InputSpec, Recipe
+
+log = logging.getLogger("saturn")
+
+
+@dataclass
+class CompiledGraph:
+    """What one graph compiled to, kept for ``saturn.explain``."""
+
+    imported: Imported
+    compiled: Compiled
+    recipe: Recipe
+
+
+class _Cache:
+    """Compiled recipes by a key computed from the FX graph and the options (bounded LRU,
+    thread-safe). ``torch._dynamo.reset()`` does not clear it."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self.items: OrderedDict[tuple, CompiledGraph] = OrderedDict()
+        self.lock = threading.Lock()
+        self.compiles = 0  # graphs compiled (cache misses)
+        self.fallbacks: list[str] = []  # reasons graphs ran uncompiled
+
+    def get(self, key):
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None:
+                self.items.move_to_end(key)
+            return hit
+
+    def put(self, key, value: CompiledGraph) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+
+
+CACHE = _Cache()
+_capture = threading.local()  # saturn.explain collects CompiledGraphs here
+
+
+def _rules_digest(opts: Options) -> tuple:
+    from pathlib import Path
+
+    from saturn.eqsat.rules import rule_files
+
+    return tuple((str(p), p.read_bytes()) for p in rule_files(list(opts.rules)) if Path(p).exists())
+
+
+def graph_key(gm: torch.fx.GraphModule, opts: Options) -> tuple:
+    index = {}
+    parts = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node.name] = i
+
+        def norm(a):
+            if isinstance(a, torch.fx.Node):
+                return ("n", index[a.name])
+            if isinstance(a, list | tuple):
+                return tuple(norm(x) for x in a)
+            if isinstance(a, dict):
+                return tuple(sorted((k, norm(v)) for k, v in a.items()))
+            return repr(a)
+
+        val = node.meta.get("val")
+        typ = None
+        if isinstance(val, torch.Tensor):
+            typ = (str(val.dtype), str(tuple(val.shape)), str(tuple(val.stride())),
+                   str(val.device))
+        elif isinstance(val, list | tuple):
+            typ = tuple((str(v.dtype), str(tuple(v.shape))) if isinstance(v, torch.Tensor)
+                        else repr(v) for v in val)
+        elif val is not None:
+            typ = repr(val)
+        parts.append((node.op, str(node.target), norm(node.args), norm(node.kwargs), typ))
+    return (tuple(parts), opts.key(), _rules_digest(opts))
+
+
+def _devices_of(example_inputs) -> set[str]:
+    return {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> CompiledGraph:
+    imported = import_graph(gm)
+    kinds = _devices_of(example_inputs)
+    if kinds - {"saturn", "cpu"} or len(kinds) > 1:
+        raise Unsupported(f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
+                          "are all saturn tensors or all CPU tensors")
+    device = torch.device(opts.device)
+    io_on_device = kinds == {"saturn"}
+    if io_on_device:
+        devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+        if devs != {device}:
+            raise Unsupported(f"inputs on {sorted(map(str, devs))}, compile target {device}")
+    if device.index >= 1:
+        raise Unsupported(f"{device}: GPU kernels need saturn's CUDA emitter, not built yet")
+    compiled = compile_graph(imported.graph, rules=list(opts.rules), rewrites=list(opts.rewrites),
+                             bounds=opts.bounds,
+                             machine="gpu" if device.index >= 1 else "cpu-reference",
+                             io_on_device=io_on_device)
+    outs = imported.graph.outputs
+    spec, k = [], 0
+    for o in imported.outputs:
+        if o is None:
+            spec.append(None)
+        else:
+            spec.append(k)
+            k += 1
+    from .importer import TORCH_DTYPES
+
+    recipe = Recipe(
+        program=compiled.program,
+        device=device,
+        io_on_device=io_on_device,
+        inputs=[InputSpec(TORCH_DTYPES[d], s) for d, s, _ in imported.input_meta],
+        output_spec=spec,
+        host_calls=imported.host_calls,
+        input_names=imported.inputs,
+    )
+    assert len(outs) == k
+    recipe.prepare()
+    return CompiledGraph(imported, compiled, recipe)
+
+
+def _compiler(opts: Options):
+    def fw(gm: torch.fx.GraphModule, example_inputs):
+        key = graph_key(gm, opts)
+        hit = CACHE.get(key)
+        if hit is None:
+            try:
+                hit = compile_fx(gm, example_inputs, opts)
+            except Exception as e:  # never fail the user's compile: run uncompiled, say why
+                reason = f"{type(e).__name__}: {e}"
+                if not isinstance(e, Unsupported | EqsatError | NotImplementedError):
+                    log.exception("saturn: internal error while compiling a graph")
+                CACHE.fallbacks.append(reason)
+                log.warning("saturn: graph runs uncompiled: %s", reason)
+                return make_boxed_func(gm.forward)
+            CACHE.compiles += 1
+            CACHE.put(key, hit)
+        captured = getattr(_capture, "graphs", None)
+        if captured is not None:
+            captured.append(hit)
+        recipe = hit.recipe
+
+        def run(args: list):  # boxed: one list of inputs
+            return recipe(args)
+
+        run._boxed_call = True
+        return run
+
+    return fw
+
+
+def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
+                   **kwargs):
+    """The ``torch_dynamo_backends`` entry point ``saturn``."""
+    if kwargs:
+        raise ValueError(f"saturn: unexpected arguments {sorted(kwargs)}; pass "
+                         "torch.compile(..., options={...})")
+    opts = parse(options)
+    fw = _compiler(opts)
+    return aot_autograd(fw_compiler=fw, bw_compiler=fw,
+                        decompositions=decompositions.table())(gm, example_inputs)

@@ -1,0 +1,69 @@
+"""saturn's decomposition table for AOTAutograd, built fresh for each compile.
+
+Core ATen's decompositions, minus every op saturn has a row for (those reach the e-graph
+whole, where rules decompose them only as far as the device needs). Never into prims.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._decomp import core_aten_decompositions
+
+from saturn.eqsat import optable as ot
+
+
+def kept_whole() -> set[str]:
+    """ATen overloads saturn imports as one op (e.g. ``aten.gelu.default``)."""
+    names = {a.split(":")[0] for op in ot.OPS for a in op.aten}
+    return names | {"aten.t.default", "aten.transpose.int", "aten.unsqueeze.default",
+                    "aten.squeeze.dim", "aten.clone.default"}
+
+
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                  proj_bias, use_gelu, norm_first, eps, norm_weight_1,
+                                  norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                                  ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                                  mask_type=None):
+    """PyTorch's fused encoder-layer fast path (taken in eval mode under no_grad), written in
+    the ops it fuses, so the e-graph sees linear layers, attention and layer norms."""
+    if mask is not None or src.dim() != 3 or src.is_nested:
+        return NotImplemented
+    f = torch.nn.functional
+    b, s, e = src.shape
+    h = num_heads
+    d = e // h
+
+    def attention(x):
+        qkv = f.linear(x, qkv_weight, qkv_bias)
+        q, k, v = (qkv[..., i * e:(i + 1) * e].reshape(b, s, h, d).transpose(1, 2)
+                   for i in range(3))
+        q = q * (1.0 / d ** 0.5)  # scaled before the product, as the fused kernel does
+        p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        o = (p @ v).transpose(1, 2).reshape(b, s, e)
+        return f.linear(o, proj_weight, proj_bias)
+
+    def feed_forward(x):
+        y = f.linear(x, ffn_weight_1, ffn_bias_1)
+        y = f.gelu(y) if use_gelu else f.relu(y)
+        return f.linear(y, ffn_weight_2, ffn_bias_2)
+
+    def ln1(x):
+        return f.layer_norm(x, (e,), norm_weight_1, norm_bias_1, eps)
+
+    def ln2(x):
+        return f.layer_norm(x, (e,), norm_weight_2, norm_bias_2, eps)
+
+    x = src
+    if norm_first:
+        x = x + attention(ln1(x))
+        return x + feed_forward(ln2(x))
+    x = ln1(x + attention(x))
+    return ln2(x + feed_forward(x))
+
+
+def table() -> dict:
+    keep = kept_whole()
+    out = {op: fn for op, fn in core_aten_decompositions().items()
+           if isinstance(op, torch._ops.OpOverload) and str(op) not in keep}
+    out[torch.ops.aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
+    return out

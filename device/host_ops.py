@@ -1,0 +1,87 @@
+"""Running the program's host steps with PyTorch on the CPU.
+
+A row's first ATen spelling takes its tensors and attributes in the row's order for most
+ops; the ops whose ATen signature differs have an adapter here. Opaque nodes call their
+original op with the arguments the importer kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.graph import bits_float
+
+from .importer import TORCH_DTYPES, HostCall
+
+
+def _aten(name: str):
+    ns, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def _layer_norm(x, w, b, dims, eps_bits):
+    shape = [x.shape[d] for d in dims]
+    return torch.ops.aten.native_layer_norm.default(x, shape, w, b, bits_float(eps_bits))[0]
+
+
+def _batch_norm(x, w, b, rm, rv, eps_bits):
+    return (x - rm) * torch.rsqrt(rv + bits_float(eps_bits)) * w + b
+
+
+def _rmsnorm(x, w, eps_bits):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + bits_float(eps_bits)) * w
+
+
+def _prod(x, dims, keepdim):
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, keepdim=bool(keepdim))
+    return x
+
+
+ADAPTERS = {
+    "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
+    "Gelu": lambda x: torch.ops.aten.gelu.default(x),
+    "GeluTanh": lambda x: torch.ops.aten.gelu.default(x, approximate="tanh"),
+    "Softmax": lambda x, dim: torch.ops.aten._softmax.default(x, dim, False),
+    "LogSoftmax": lambda x, dim: torch.ops.aten._log_softmax.default(x, dim, False),
+    "LayerNorm": _layer_norm,
+    "BatchNormInf": _batch_norm,
+    "RMSNorm": _rmsnorm,
+    "Var": lambda x, dims, corr, kd: torch.ops.aten.var.correction(
+        x, list(dims), correction=corr, keepdim=bool(kd)),
+    "Prod": _prod,
+    "View": lambda x, shape: x.reshape(shape),
+    "Pow": lambda x, e: torch.pow(x, e),
+    "Conv2d": lambda x, w, b, st, pa, di, g: torch.ops.aten.convolution.default(
+        x, w, b, list(st), list(pa), list(di), False, [0, 0], g),
+    "Conv2dNoBias": lambda x, w, st, pa, di, g: torch.ops.aten.convolution.default(
+        x, w, None, list(st), list(pa), list(di), False, [0, 0], g),
+}
+
+
+def call_opaque(call: HostCall, tensors: list):
+    def conv(a):
+        if isinstance(a, list):
+            return [conv(x) for x in a]
+        if isinstance(a, tuple) and len(a) == 2 and a[0] in ("t", "c"):
+            return tensors[a[1]] if a[0] == "t" else a[1]
+        if isinstance(a, tuple):
+            return tuple(conv(x) for x in a)
+        return a
+
+    args = [conv(a) for a in call.args]
+    kwargs = {k: conv(v) for k, v in call.kwargs.items()}
+    return _aten(call.target)(*args, **kwargs)
+
+
+def run_host(op: str, args: list, attrs: tuple, host_calls: dict[str, HostCall]):
+    if op in host_calls:
+        return call_opaque(host_calls[op], args)
+    if op == "Item":
+        return args[0][attrs[0]]
+    if op in ADAPTERS:
+        return ADAPTERS[op](*args, *attrs)
+    row = ot.op(op)
+    fn = _aten(row.aten[0].split(":")[0])
+    return fn(*args, *[list(a) if isinstance(a, tuple) else a for a in attrs])

@@ -1,0 +1,506 @@
+"""FX (after AOTAutograd) to a graph in saturn's term language.
+
+Types (dtype, shape, strides) come from the fake tensor on each node; a node without one
+is refused. Non-tensor arguments become attributes or scalar constants; mixed dtypes get
+explicit casts, as PyTorch promotes; ops with no row (or with an argument a kernel would
+ignore, such as ``alpha`` in add) become opaque host nodes that call the original op.
+Tuple results are read through getitem. The output spec keeps ``None`` positions.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.graph import Graph, Node, float_bits
+
+DTYPES = {torch.bool: "bool", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16",
+          torch.int32: "i32", torch.int64: "i64", torch.float16: "f16",
+          torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
+TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+
+
+class Unsupported(Exception):
+    """The graph cannot be represented; it runs uncompiled and the reason is logged."""
+
+
+@dataclass
+class HostCall:
+    """How to call an opaque op: its target and arguments, tensors as ("t", i) slots."""
+
+    target: str  # e.g. "aten.cumsum.default"
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class Imported:
+    graph: Graph
+    inputs: list[str]  # graph node name per placeholder, in order
+    input_meta: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # dtype, shape, strides
+    outputs: list[str | None]  # graph node name per output position (None stays None)
+    host_calls: dict[str, HostCall] = field(default_factory=dict)
+    fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
+
+
+def _meta(node: torch.fx.Node):
+    val = node.meta.get("val")
+    if val is None:
+        raise Unsupported(f"node {node.name} ({node.target}) has no fake tensor value")
+    return val
+
+
+def _tensor_type(node: torch.fx.Node, val=None) -> tuple[str, tuple[int, ...]]:
+    val = _meta(node) if val is None else val
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"node {node.name} produces {type(val).__name__}, not a tensor")
+    if val.dtype not in DTYPES:
+        raise Unsupported(f"node {node.name} has dtype {val.dtype}, which saturn does not run")
+    try:
+        shape = tuple(int(s) for s in val.shape)
+    except (TypeError, ValueError):
+        raise Unsupported(f"node {node.name} has a symbolic shape {tuple(val.shape)}") from None
+    return DTYPES[val.dtype], shape
+
+
+class _Importer:
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.g = Graph()
+        self.env: dict[str, str] = {}  # FX node name -> graph node name
+        self.host_calls: dict[str, HostCall] = {}
+        self.fx_names: dict[str, str] = {}
+        self.count = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}.{self.count}"
+
+    def add(self, node: Node, fx: str | None = None) -> str:
+        self.g.add(node)
+        if fx:
+            self.fx_names[node.name] = fx
+        return node.name
+
+    def scalar(self, value, dtype: str) -> str:
+        if isinstance(value, bool):
+            value = float(value)
+        return self.add(Node(self.fresh("const"), "Scalar", (),
+                             (float_bits(float(value)), dtype), dtype, ()))
+
+    def cast(self, name: str, dtype: str) -> str:
+        n = self.g.nodes[name]
+        if n.dtype == dtype:
+            return name
+        if n.op == "Scalar":
+            return self.add(Node(self.fresh("const"), "Scalar", (), (n.attrs[0], dtype),
+                                 dtype, ()))
+        return self.add(Node(self.fresh("cast"), "Cast", (name,), (dtype,), dtype, n.shape))
+
+    def operand(self, a, dtype: str) -> str:
+        """A tensor or Python-number operand, converted to ``dtype``."""
+        if isinstance(a, torch.fx.Node):
+            return self.cast(self.env[a.name], dtype)
+        if isinstance(a, int | float | bool):
+            return self.scalar(a, dtype)
+        raise Unsupported(f"operand {a!r} of type {type(a).__name__}")
+
+    def opaque(self, node: torch.fx.Node, why: str = "") -> str:
+        """Keep ``node`` as a host call of the original op."""
+        slots: list[str] = []
+
+        def conv(a):
+            if isinstance(a, torch.fx.Node):
+                if a.name not in self.env:
+                    raise Unsupported(f"{node.name} reads {a.name}, which has no value")
+                slots.append(self.env[a.name])
+                return ("t", len(slots) - 1)
+            if isinstance(a, list | tuple):
+                return type(a)(conv(x) for x in a)
+            if isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format
+                          | int | float | bool | str) or a is None:
+                return ("c", a)
+            raise Unsupported(f"{node.name}: argument {a!r} cannot be kept")
+
+        args = tuple(conv(a) for a in node.args)
+        kwargs = {k: conv(v) for k, v in node.kwargs.items()}
+        name = f"{node.target}#{node.name}"
+        self.host_calls[name] = HostCall(str(node.target), args, kwargs)
+        val = _meta(node)
+        first = val[0] if isinstance(val, list | tuple) else val
+        if isinstance(val, list | tuple) and not isinstance(first, torch.Tensor):
+            raise Unsupported(f"{node.name} returns a tuple without a leading tensor")
+        dtype, shape = _tensor_type(node, first)
+        return self.add(Node(node.name, "Opaque", tuple(slots), (name,), dtype, shape),
+                        node.name)
+
+    # --- the node kinds --------------------------------------------------------------
+
+    def placeholder(self, node: torch.fx.Node) -> None:
+        dtype, shape = _tensor_type(node)
+        self.env[node.name] = self.add(Node(node.name, "Input", (), (node.name,), dtype, shape),
+                                       node.name)
+
+    def call(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            self.env[node.name] = self.getitem(node)
+            return
+        if not isinstance(target, torch._ops.OpOverload):
+            raise Unsupported(f"{node.name} calls {target}, not an ATen op")
+        handler = _HANDLERS.get(str(target))
+        name = None
+        if handler is not None:
+            name = handler(self, node)
+        if name is None:
+            row = ot.BY_ATEN.get(str(target))
+            if row is not None and row.category == ot.ELEMENTWISE and not node.kwargs:
+                name = self.elementwise(node, row)
+        self.env[node.name] = name if name is not None else self.opaque(node)
+
+    def getitem(self, node: torch.fx.Node) -> str:
+        src, index = node.args
+        base = self.env[src.name]
+        b = self.g.nodes[base]
+        if b.op != "Opaque":  # a row op whose result 0 is the only one read (layer/batch norm)
+            if index != 0:
+                raise Unsupported(f"{node.name} reads result {index} of {src.name}")
+            return base
+        dtype, shape = _tensor_type(node)
+        return self.add(Node(node.name, "Item", (base,), (index,), dtype, shape), node.name)
+
+    def elementwise(self, node: torch.fx.Node, row: ot.Op) -> str | None:
+        dtype, shape = _tensor_type(node)
+        operands = list(node.args)
+        if len(operands) != row.arity:
+            return None
+        if row.out_dtype == "bool":
+            probes = [torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
+                      if isinstance(a, torch.fx.Node) else a for a in operands]
+            common = DTYPES.get(torch.result_type(*probes))
+            if common is None:
+                return None
+        else:
+            common = dtype
+        if row.name == "Where":
+            c = self.operand(operands[0], "bool")
+            args = [c, self.operand(operands[1], common), self.operand(operands[2], common)]
+        else:
+            args = [self.operand(a, common) for a in operands]
+        return self.add(Node(node.name, row.name, tuple(args), (), dtype, shape), node.name)
+
+
+# --- per-op handlers: return a graph node name, or None to keep the node opaque -------------
+
+
+def _h_binary_alpha(row_name: str):
+    def h(imp: _Importer, node: torch.fx.Node):
+        if node.kwargs.get("alpha", 1) != 1:
+            return None  # a kernel would ignore alpha
+        dtype, shape = _tensor_type(node)
+        a, b = node.args[:2]
+        args = [imp.operand(a, dtype), imp.operand(b, dtype)]
+        return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+    return h
+
+
+def _h_rsub(imp: _Importer, node: torch.fx.Node):
+    if node.kwargs.get("alpha", 1) != 1 or len(node.args) > 2:
+        return None
+    dtype, shape = _tensor_type(node)
+    x, other = node.args
+    return imp.add(Node(node.name, "Sub", (imp.operand(other, dtype), imp.operand(x, dtype)), (),
+                        dtype, shape), node.name)
+
+
+def _h_gelu(imp: _Importer, node: torch.fx.Node):
+    approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+    dtype, shape = _tensor_type(node)
+    op = {"none": "Gelu", "tanh": "GeluTanh"}.get(approx)
+    if op is None:
+        return None
+    return imp.add(Node(node.name, op, (imp.env[node.args[0].name],), (), dtype, shape),
+                   node.name)
+
+
+def _dims(node: torch.fx.Node, rank: int, dims) -> tuple[int, ...]:
+    if dims is None or dims == []:
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(d % rank if rank else 0 for d in dims)
+
+
+def _h_reduce(row_name: str):
+    def h(imp: _Importer, node: torch.fx.Node):
+        x = node.args[0]
+        xn = imp.g.nodes[imp.env[x.name]]
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        if node.kwargs.get("dtype") is not None:
+            return None
+        if not xn.shape:
+            return None
+        dtype, shape = _tensor_type(node)
+        return imp.add(Node(node.name, row_name, (xn.name,),
+                            (_dims(node, len(xn.shape), dims), int(bool(keepdim))), dtype, shape),
+                       node.name)
+    return h
+
+
+def _h_sum_all(imp: _Importer, node: torch.fx.Node):
+    if node.kwargs.get("dtype") is not None:
+        return None
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    if not xn.shape:
+        return None
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Sum", (xn.name,), (tuple(range(len(xn.shape))), 0), dtype,
+                        shape), node.name)
+
+
+def _h_var(imp: _Importer, node: torch.fx.Node):
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    corr = node.kwargs.get("correction", 1)
+    keepdim = node.kwargs.get("keepdim", False)
+    if not isinstance(corr, int | float) or int(corr) != corr or not xn.shape:
+        return None
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Var", (xn.name,),
+                        (_dims(node, len(xn.shape), dims), int(corr), int(bool(keepdim))),
+                        dtype, shape), node.name)
+
+
+def _h_shape_view(imp: _Importer, node: torch.fx.Node):
+    """view, reshape, unsqueeze, squeeze: a View to the result's (known) shape."""
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "View", (imp.env[node.args[0].name],), (shape,), dtype, shape),
+                   node.name)
+
+
+def _h_permute(imp: _Importer, node: torch.fx.Node):
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    rank = len(xn.shape)
+    if node.target == torch.ops.aten.permute.default:
+        perm = tuple(p % rank for p in node.args[1])
+    elif node.target == torch.ops.aten.t.default:
+        perm = (1, 0) if rank == 2 else tuple(range(rank))
+    else:  # transpose.int
+        d0, d1 = (d % rank for d in node.args[1:3])
+        perm = list(range(rank))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        perm = tuple(perm)
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Permute", (xn.name,), (perm,), dtype, shape), node.name)
+
+
+def _h_expand(imp: _Importer, node: torch.fx.Node):
+    if node.kwargs.get("implicit"):
+        return None
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Expand", (imp.env[node.args[0].name],), (shape,), dtype,
+                        shape), node.name)
+
+
+def _h_slice(imp: _Importer, node: torch.fx.Node):
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    args = list(node.args) + [None] * (5 - len(node.args))
+    dim = args[1] if args[1] is not None else node.kwargs.get("dim", 0)
+    start, end = args[2], args[3]
+    step = args[4] if args[4] is not None else node.kwargs.get("step", 1)
+    if not all(isinstance(v, int | type(None)) for v in (dim, start, end, step)) or not xn.shape:
+        return None
+    dim %= len(xn.shape)
+    size = xn.shape[dim]
+
+    def clamp(v, default):
+        if v is None:
+            return default
+        v = v + size if v < 0 else v
+        return min(max(v, 0), size)
+
+    start, end = clamp(start, 0), clamp(end, size)
+    end = max(end, start)
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Slice", (xn.name,), (dim, start, end, step), dtype, shape),
+                   node.name)
+
+
+def _h_clone(imp: _Importer, node: torch.fx.Node):
+    if node.kwargs.get("memory_format") not in (None, torch.contiguous_format,
+                                                torch.preserve_format):
+        return None
+    dtype, shape = _tensor_type(node)
+    x = imp.env[node.args[0].name]
+    return imp.add(Node(node.name, "Cast", (x,), (dtype,), dtype, shape), node.name)
+
+
+def _h_to_copy(imp: _Importer, node: torch.fx.Node):
+    allowed = {"dtype", "device", "layout", "memory_format", "pin_memory"}
+    if set(node.kwargs) - allowed or len(node.args) != 1:
+        return None
+    src = _meta(node.args[0])
+    val = _meta(node)
+    if val.device != src.device or node.kwargs.get("memory_format") not in (
+            None, torch.preserve_format, torch.contiguous_format):
+        return None
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Cast", (imp.env[node.args[0].name],), (dtype,), dtype, shape),
+                   node.name)
+
+
+def _h_matmul(row_name: str):
+    def h(imp: _Importer, node: torch.fx.Node):
+        dtype, shape = _tensor_type(node)
+        args = [imp.env[a.name] for a in node.args[:2]]
+        if any(imp.g.nodes[a].dtype != dtype for a in args):
+            return None
+        return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+    return h
+
+
+def _h_addmm(imp: _Importer, node: torch.fx.Node):
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return None  # the epilogue would ignore alpha and beta
+    dtype, shape = _tensor_type(node)
+    args = [imp.env[a.name] for a in node.args[:3]]
+    return imp.add(Node(node.name, "Addmm", tuple(args), (), dtype, shape), node.name)
+
+
+def _h_softmax(row_name: str):
+    def h(imp: _Importer, node: torch.fx.Node):
+        x, dim, half_to_float = node.args
+        if half_to_float:
+            return None
+        xn = imp.g.nodes[imp.env[x.name]]
+        dtype, shape = _tensor_type(node)
+        return imp.add(Node(node.name, row_name, (xn.name,), (dim % max(len(xn.shape), 1),),
+                            dtype, shape), node.name)
+    return h
+
+
+def _only_first_result_used(node: torch.fx.Node) -> bool:
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+
+
+def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
+    x, normalized, w, b, eps = node.args
+    if w is None or b is None or not _only_first_result_used(node):
+        return None
+    xn = imp.g.nodes[imp.env[x.name]]
+    rank = len(xn.shape)
+    dims = tuple(range(rank - len(normalized), rank))
+    dtype, shape = _tensor_type(node, _meta(node)[0])
+    return imp.add(Node(node.name, "LayerNorm", (xn.name, imp.env[w.name], imp.env[b.name]),
+                        (dims, float_bits(eps)), dtype, shape), node.name)
+
+
+def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
+    x, w, b, rm, rv, _momentum, eps = node.args
+    if w is None or b is None or not _only_first_result_used(node):
+        return None
+    xn = imp.g.nodes[imp.env[x.name]]
+    if len(xn.shape) < 2:
+        return None
+    c = xn.shape[1]
+    tail = (c,) + (1,) * (len(xn.shape) - 2)
+    views = []
+    for t in (w, b, rm, rv):
+        tn = imp.g.nodes[imp.env[t.name]]
+        views.append(imp.add(Node(imp.fresh("bnview"), "View", (tn.name,), (tail,), tn.dtype,
+                                  tail)))
+    dtype, shape = _tensor_type(node, _meta(node)[0])
+    return imp.add(Node(node.name, "BatchNormInf", (xn.name, *views), (float_bits(eps),), dtype,
+                        shape), node.name)
+
+
+def _h_convolution(imp: _Importer, node: torch.fx.Node):
+    x, w, b, stride, padding, dilation, transposed, _out_pad, groups = node.args
+    if transposed or len(stride) != 2:
+        return None
+    dtype, shape = _tensor_type(node)
+    attrs = (tuple(stride), tuple(padding), tuple(dilation), int(groups))
+    if b is None:
+        return imp.add(Node(node.name, "Conv2dNoBias", (imp.env[x.name], imp.env[w.name]), attrs,
+                            dtype, shape), node.name)
+    return imp.add(Node(node.name, "Conv2d", (imp.env[x.name], imp.env[w.name], imp.env[b.name]),
+                        attrs, dtype, shape), node.name)
+
+
+def _h_pow(imp: _Importer, node: torch.fx.Node):
+    dtype, shape = _tensor_type(node)
+    if dtype not in ot.FLOATS:
+        return None
+    x, e = node.args
+    return imp.add(Node(node.name, "Pow", (imp.operand(x, dtype), imp.operand(e, dtype)), (),
+                        dtype, shape), node.name)
+
+
+_HANDLERS = {
+    "aten.add.Tensor": _h_binary_alpha("Add"),
+    "aten.add.Scalar": _h_binary_alpha("Add"),
+    "aten.sub.Tensor": _h_binary_alpha("Sub"),
+    "aten.sub.Scalar": _h_binary_alpha("Sub"),
+    "aten.rsub.Scalar": _h_rsub,
+    "aten.rsub.Tensor": _h_rsub,
+    "aten.gelu.default": _h_gelu,
+    "aten.sum.dim_IntList": _h_reduce("Sum"),
+    "aten.sum.default": _h_sum_all,
+    "aten.mean.dim": _h_reduce("Mean"),
+    "aten.amax.default": _h_reduce("Amax"),
+    "aten.amin.default": _h_reduce("Amin"),
+    "aten.var.correction": _h_var,
+    "aten.view.default": _h_shape_view,
+    "aten._unsafe_view.default": _h_shape_view,
+    "aten.reshape.default": _h_shape_view,
+    "aten.unsqueeze.default": _h_shape_view,
+    "aten.squeeze.dim": _h_shape_view,
+    "aten.permute.default": _h_permute,
+    "aten.t.default": _h_permute,
+    "aten.transpose.int": _h_permute,
+    "aten.expand.default": _h_expand,
+    "aten.clone.default": _h_clone,
+    "aten.slice.Tensor": _h_slice,
+    "aten._to_copy.default": _h_to_copy,
+    "aten.mm.default": _h_matmul("MatMul"),
+    "aten.bmm.default": _h_matmul("BatchMatMul"),
+    "aten.addmm.default": _h_addmm,
+    "aten._softmax.default": _h_softmax("Softmax"),
+    "aten._log_softmax.default": _h_softmax("LogSoftmax"),
+    "aten.native_layer_norm.default": _h_layer_norm,
+    "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
+    "aten.convolution.default": _h_convolution,
+    "aten.pow.Tensor_Scalar": _h_pow,
+}
+
+
+def import_graph(gm: torch.fx.GraphModule) -> Imported:
+    imp = _Importer(gm)
+    inputs, meta, outputs = [], [], []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            imp.placeholder(node)
+            inputs.append(imp.env[node.name])
+            val = _meta(node)
+            meta.append((DTYPES[val.dtype], tuple(val.shape), tuple(val.stride())))
+        elif node.op == "call_function":
+            imp.call(node)
+        elif node.op == "output":
+            for o in node.args[0]:
+                if o is None:
+                    outputs.append(None)
+                elif isinstance(o, torch.fx.Node):
+                    outputs.append(imp.env[o.name])
+                else:
+                    raise Unsupported(f"output {o!r} is not a tensor")
+        else:
+            raise Unsupported(f"FX node kind {node.op} ({node.name})")
+    imp.g.outputs = [o for o in outputs if o is not None]
+    if not imp.g.outputs:
+        raise Unsupported("the graph returns no tensor")
+    return Imported(imp.g, inputs, meta, outputs, imp.host_calls, imp.fx_names)

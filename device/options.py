@@ -1,0 +1,63 @@
+"""Options of ``torch.compile(model, backend="saturn", options={...})``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from saturn.eqsat.egraph import Bounds
+from saturn.eqsat.rules import OPT_IN_RULESETS
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str = ""  # saturn:1 when a GPU exists, else saturn:0
+    rules: tuple[str, ...] = ()  # extra .egg files or folders
+    rewrites: tuple[str, ...] = ()  # opt-in rulesets, e.g. ("patterns",)
+    iterations: int = Bounds.iterations
+    max_enodes: int = Bounds.max_enodes
+    seconds: float = Bounds.seconds
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.iterations, self.max_enodes, self.seconds)
+
+    def key(self) -> tuple:
+        return (self.device, self.rules, self.rewrites, self.iterations, self.max_enodes,
+                self.seconds)
+
+
+VALID = tuple(f.name for f in fields(Options) if f.name != "extra")
+
+
+def default_device() -> str:
+    return "saturn:1" if torch.saturn.gpu_count() > 0 else "saturn:0"
+
+
+def parse(options: dict | None) -> Options:
+    """Validate user options; unknown names raise with the list of valid ones."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(VALID))
+    if unknown:
+        raise ValueError(f"saturn: unknown option(s) {unknown}; valid options: {list(VALID)}")
+    device = str(options.get("device") or default_device())
+    d = torch.device(device)
+    if d.type != "saturn":
+        raise ValueError(f"saturn: option device must be a saturn device, got {device!r}")
+    torch.saturn.device(d)  # raises for an index that does not exist
+    rewrites = tuple(options.get("rewrites", ()))
+    bad = [r for r in rewrites if r not in OPT_IN_RULESETS]
+    if bad:
+        raise ValueError(f"saturn: unknown rewrites {bad}; valid: {list(OPT_IN_RULESETS)}")
+    rules = options.get("rules", ())
+    rules = (rules,) if isinstance(rules, str) else tuple(str(r) for r in rules)
+    return Options(
+        device=f"saturn:{d.index if d.index is not None else torch.saturn.current_device()}",
+        rules=rules,
+        rewrites=rewrites,
+        iterations=int(options.get("iterations", Bounds.iterations)),
+        max_enodes=int(options.get("max_enodes", Bounds.max_enodes)),
+        seconds=float(options.get("seconds", Bounds.seconds)),
+    )

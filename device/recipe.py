@@ -1,0 +1,204 @@
+"""Recipes and the executor.
+
+A recipe holds everything decided once: the program (steps by value name), the compiled
+kernels by step name, the opaque host calls, the input specs and the output spec. It holds
+no pointer into an FX graph or an e-graph. The executor does only per-call work: move or
+pack boundary inputs (reusing copies of inputs that have not changed), launch kernels, run
+host steps, and rebuild the outputs by the spec, checking their number.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from saturn.codegen import cpu
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat.graph import bits_float
+from saturn.eqsat.program import Program, Step
+
+from .host_ops import run_host
+from .importer import TORCH_DTYPES, HostCall
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over the memory of a CPU or saturn:0 tensor (no copy)."""
+    dtype = ev.np_dtype({v: k for k, v in TORCH_DTYPES.items()}[t.dtype])
+    if t.numel() == 0:
+        return np.empty(tuple(t.shape), dtype=dtype)
+    size = t.element_size()
+    span = (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * size
+    base = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=dtype)
+    return np.lib.stride_tricks.as_strided(base, tuple(t.shape),
+                                           tuple(st * size for st in t.stride()))
+
+
+def packed_strides(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+@dataclass
+class InputSpec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass
+class CallStats:
+    crossings: int = 0
+    launches: int = 0
+    host_ops: int = 0
+    input_copies_reused: int = 0
+
+
+@dataclass
+class Recipe:
+    program: Program
+    device: torch.device
+    io_on_device: bool
+    inputs: list[InputSpec]
+    output_spec: list[int | None]  # index into program.outputs, or None
+    host_calls: dict[str, HostCall]
+    input_names: list[str] = field(default_factory=list)  # graph input per placeholder
+    kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
+    last: CallStats = field(default_factory=CallStats)
+    _copies: dict[int, tuple] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # --- compile time ---------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Compile every kernel before the first call."""
+        if self.device.index is not None and self.device.index >= 1:
+            raise NotImplementedError("GPU kernels need the CUDA emitter")
+        for s in self.program.steps:
+            if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
+                self.kernels[s.output] = cpu.load(s.kernel)
+
+    # --- per call -----------------------------------------------------------------------
+
+    def __call__(self, args: list) -> list:
+        if len(args) != len(self.inputs):
+            raise RuntimeError(f"saturn recipe takes {len(self.inputs)} inputs, got {len(args)}")
+        stats = CallStats()
+        env: dict[str, object] = {}
+        prepared = [self._input(i, t, stats) for i, t in enumerate(args)]
+        by_value = {v: k for k, v in self.program.inputs.items()}
+        order = {name: i for i, name in enumerate(self.input_names)}
+        for s in self.program.steps:
+            if s.kind == "input":
+                env[s.output] = prepared[order[by_value[s.output]]]
+            else:
+                env[s.output] = self._step(s, env, stats)
+        outs = [env[v] for v in self.program.outputs]
+        results = []
+        for idx in self.output_spec:
+            if idx is None:
+                results.append(None)
+                continue
+            t = outs[idx]
+            want = self.device if self.io_on_device else torch.device("cpu")
+            if t.device != want:
+                t = t.to(want)
+                stats.crossings += 1
+            if any(t is a for a in args) or any(t is p for p in prepared):
+                t = t.clone()  # never hand back an input as an output
+            results.append(t)
+        if len(results) != len(self.output_spec):
+            raise RuntimeError("saturn recipe built the wrong number of outputs")
+        self.last = stats
+        return results
+
+    def _input(self, i: int, t, stats: CallStats):
+        spec = self.inputs[i]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"saturn recipe input {i} is {type(t).__name__}, not a tensor")
+        if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+            raise RuntimeError(
+                f"saturn recipe input {i}: compiled for {spec.dtype}{list(spec.shape)}, "
+                f"got {t.dtype}{list(t.shape)}")
+        want = self.device if self.io_on_device else torch.device("cpu")
+        packed = t.numel() <= 1 or tuple(t.stride()) == packed_strides(t.shape)
+        if t.device == want and packed:
+            return t
+        # A copy is needed (another device, or not packed): reuse it while the source has
+        # not changed (same tensor, storage and version), so weights stay where they went.
+        key = (id(t), t.data_ptr(), t._version)
+        with self._lock:
+            cached = self._copies.get(i)
+            if cached is not None and cached[0]() is t and cached[1] == key:
+                stats.input_copies_reused += 1
+                return cached[2]
+        out = t.to(want).contiguous()
+        stats.crossings += t.device != want
+        with self._lock:
+            self._copies[i] = (weakref.ref(t), key, out)
+        return out
+
+    def _step(self, s: Step, env: dict, stats: CallStats):
+        if s.kind == "const":
+            return torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
+        if s.kind == "crossing":
+            stats.crossings += 1
+            src = env[s.args[0]]
+            return src.to(self.device) if s.op == "ToDev" else src.cpu()
+        if s.kind == "view":
+            return run_host(s.op, [env[s.args[0]]], s.attrs, {})
+        if s.kind == "host":
+            stats.host_ops += 1
+            args = [self._host_arg(env[a]) for a in s.args]
+            return run_host(s.op, args, s.attrs, self.host_calls)
+        stats.launches += 1
+        return self._kernel(s, [env[o.value] for o in s.kernel.inputs])
+
+    @staticmethod
+    def _host_arg(v):
+        return v.cpu() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v
+
+    def _kernel(self, s: Step, operands: list[torch.Tensor]) -> torch.Tensor:
+        k = s.kernel
+        out = torch.empty(s.shape, dtype=TORCH_DTYPES[s.dtype], device=self.device)
+        for o, t in zip(k.inputs, operands, strict=True):
+            if tuple(t.shape) != tuple(o.shape):
+                raise RuntimeError(f"kernel {s.output}: operand of shape {list(t.shape)}, "
+                                   f"compiled for {list(o.shape)}")
+        if k.kind in ("loop", "reduce"):
+            arrays = []
+            for o, t in zip(k.inputs, operands, strict=True):
+                if o.indexing != "strided" and k.kind == "loop" and not t.is_contiguous():
+                    t = t.contiguous()
+                arrays.append(numpy_view(t))
+            cpu.run(k, numpy_view(out), arrays)
+            return out
+        cpu_in = [torch.from_numpy(numpy_view(t)) for t in operands]
+        dest = torch.from_numpy(numpy_view(out))
+        if k.kind == "gemm":
+            r = torch.matmul(cpu_in[0], cpu_in[1])
+            epi = k.attrs["epilogue"]
+            if epi != "none":
+                r = r + cpu_in[2]
+            if epi == "relu_bias":
+                r = torch.relu(r)
+            elif epi == "gelu_bias":
+                r = torch.nn.functional.gelu(r, approximate="tanh")
+        elif k.kind == "conv":
+            a = k.attrs
+            b = cpu_in[2] if a["bias"] else None
+            r = torch.nn.functional.conv2d(cpu_in[0], cpu_in[1], b, a["stride"], a["padding"],
+                                           a["dilation"], a["groups"])
+        elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
+            r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
+        else:
+            raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")
+        dest.copy_(r)
+        return out
