@@ -20,8 +20,10 @@ torch._register_device_module("saturn", device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
+from .explain import explain  # noqa: E402
+
 device_count = device_module.device_count
 fallback_counts = device_module.fallback_counts
 memory_stats = device_module.memory_stats
 
-__all__ = ["device_count", "device_module", "fallback_counts", "memory_stats"]
+__all__ = ["device_count", "device_module", "explain", "fallback_counts", "memory_stats"]

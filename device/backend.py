@@ -98,11 +98,12 @@ def graph_key(gm: torch.fx.GraphModule, opts: Options) -> tuple:
         val = node.meta.get("val")
         typ = None
         if isinstance(val, torch.Tensor):
-            typ = (str(val.dtype), str(tuple(val.shape)), str(tuple(val.stride())),
-                   str(val.device))
+            typ = (str(val.dtype), str(tuple(val.shape)), str(tuple(val.stride())), str(val.device))
         elif isinstance(val, list | tuple):
-            typ = tuple((str(v.dtype), str(tuple(v.shape))) if isinstance(v, torch.Tensor)
-                        else repr(v) for v in val)
+            typ = tuple(
+                (str(v.dtype), str(tuple(v.shape))) if isinstance(v, torch.Tensor) else repr(v)
+                for v in val
+            )
         elif val is not None:
             typ = repr(val)
         parts.append((node.op, str(node.target), norm(node.args), norm(node.kwargs), typ))
@@ -117,8 +118,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     imported = import_graph(gm)
     kinds = _devices_of(example_inputs)
     if kinds - {"saturn", "cpu"} or len(kinds) > 1:
-        raise Unsupported(f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
-                          "are all saturn tensors or all CPU tensors")
+        raise Unsupported(
+            f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
+            "are all saturn tensors or all CPU tensors"
+        )
     device = torch.device(opts.device)
     io_on_device = kinds == {"saturn"}
     if io_on_device:
@@ -127,10 +130,14 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
             raise Unsupported(f"inputs on {sorted(map(str, devs))}, compile target {device}")
     if device.index >= 1:
         raise Unsupported(f"{device}: GPU kernels need saturn's CUDA emitter, not built yet")
-    compiled = compile_graph(imported.graph, rules=list(opts.rules), rewrites=list(opts.rewrites),
-                             bounds=opts.bounds,
-                             machine="gpu" if device.index >= 1 else "cpu-reference",
-                             io_on_device=io_on_device)
+    compiled = compile_graph(
+        imported.graph,
+        rules=list(opts.rules),
+        rewrites=list(opts.rewrites),
+        bounds=opts.bounds,
+        machine="gpu" if device.index >= 1 else "cpu-reference",
+        io_on_device=io_on_device,
+    )
     outs = imported.graph.outputs
     spec, k = [], 0
     for o in imported.outputs:
@@ -185,13 +192,15 @@ def _compiler(opts: Options):
     return fw
 
 
-def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
-                   **kwargs):
+def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """The ``torch_dynamo_backends`` entry point ``saturn``."""
     if kwargs:
-        raise ValueError(f"saturn: unexpected arguments {sorted(kwargs)}; pass "
-                         "torch.compile(..., options={...})")
+        raise ValueError(
+            f"saturn: unexpected arguments {sorted(kwargs)}; pass "
+            "torch.compile(..., options={...})"
+        )
     opts = parse(options)
     fw = _compiler(opts)
-    return aot_autograd(fw_compiler=fw, bw_compiler=fw,
-                        decompositions=decompositions.table())(gm, example_inputs)
+    return aot_autograd(fw_compiler=fw, bw_compiler=fw, decompositions=decompositions.table())(
+        gm, example_inputs
+    )

@@ -15,15 +15,37 @@ from saturn.eqsat import optable as ot
 def kept_whole() -> set[str]:
     """ATen overloads saturn imports as one op (e.g. ``aten.gelu.default``)."""
     names = {a.split(":")[0] for op in ot.OPS for a in op.aten}
-    return names | {"aten.t.default", "aten.transpose.int", "aten.unsqueeze.default",
-                    "aten.squeeze.dim", "aten.clone.default"}
+    return names | {
+        "aten.t.default",
+        "aten.transpose.int",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.clone.default",
+    }
 
 
-def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
-                                  proj_bias, use_gelu, norm_first, eps, norm_weight_1,
-                                  norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
-                                  ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
-                                  mask_type=None):
+def transformer_encoder_layer_fwd(
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
+):
     """PyTorch's fused encoder-layer fast path (taken in eval mode under no_grad), written in
     the ops it fuses, so the e-graph sees linear layers, attention and layer norms."""
     if mask is not None or src.dim() != 3 or src.is_nested:
@@ -35,9 +57,10 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
 
     def attention(x):
         qkv = f.linear(x, qkv_weight, qkv_bias)
-        q, k, v = (qkv[..., i * e:(i + 1) * e].reshape(b, s, h, d).transpose(1, 2)
-                   for i in range(3))
-        q = q * (1.0 / d ** 0.5)  # scaled before the product, as the fused kernel does
+        q, k, v = (
+            qkv[..., i * e : (i + 1) * e].reshape(b, s, h, d).transpose(1, 2) for i in range(3)
+        )
+        q = q * (1.0 / d**0.5)  # scaled before the product, as the fused kernel does
         p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
         o = (p @ v).transpose(1, 2).reshape(b, s, e)
         return f.linear(o, proj_weight, proj_bias)
@@ -63,7 +86,10 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
 
 def table() -> dict:
     keep = kept_whole()
-    out = {op: fn for op, fn in core_aten_decompositions().items()
-           if isinstance(op, torch._ops.OpOverload) and str(op) not in keep}
+    out = {
+        op: fn
+        for op, fn in core_aten_decompositions().items()
+        if isinstance(op, torch._ops.OpOverload) and str(op) not in keep
+    }
     out[torch.ops.aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     return out

@@ -49,14 +49,17 @@ ADAPTERS = {
     "BatchNormInf": _batch_norm,
     "RMSNorm": _rmsnorm,
     "Var": lambda x, dims, corr, kd: torch.ops.aten.var.correction(
-        x, list(dims), correction=corr, keepdim=bool(kd)),
+        x, list(dims), correction=corr, keepdim=bool(kd)
+    ),
     "Prod": _prod,
     "View": lambda x, shape: x.reshape(shape),
     "Pow": lambda x, e: torch.pow(x, e),
     "Conv2d": lambda x, w, b, st, pa, di, g: torch.ops.aten.convolution.default(
-        x, w, b, list(st), list(pa), list(di), False, [0, 0], g),
+        x, w, b, list(st), list(pa), list(di), False, [0, 0], g
+    ),
     "Conv2dNoBias": lambda x, w, st, pa, di, g: torch.ops.aten.convolution.default(
-        x, w, None, list(st), list(pa), list(di), False, [0, 0], g),
+        x, w, None, list(st), list(pa), list(di), False, [0, 0], g
+    ),
 }
 
 

@@ -18,9 +18,18 @@ import torch.fx
 from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import Graph, Node, float_bits
 
-DTYPES = {torch.bool: "bool", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16",
-          torch.int32: "i32", torch.int64: "i64", torch.float16: "f16",
-          torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
+DTYPES = {
+    torch.bool: "bool",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
 
@@ -89,16 +98,16 @@ class _Importer:
     def scalar(self, value, dtype: str) -> str:
         if isinstance(value, bool):
             value = float(value)
-        return self.add(Node(self.fresh("const"), "Scalar", (),
-                             (float_bits(float(value)), dtype), dtype, ()))
+        return self.add(
+            Node(self.fresh("const"), "Scalar", (), (float_bits(float(value)), dtype), dtype, ())
+        )
 
     def cast(self, name: str, dtype: str) -> str:
         n = self.g.nodes[name]
         if n.dtype == dtype:
             return name
         if n.op == "Scalar":
-            return self.add(Node(self.fresh("const"), "Scalar", (), (n.attrs[0], dtype),
-                                 dtype, ()))
+            return self.add(Node(self.fresh("const"), "Scalar", (), (n.attrs[0], dtype), dtype, ()))
         return self.add(Node(self.fresh("cast"), "Cast", (name,), (dtype,), dtype, n.shape))
 
     def operand(self, a, dtype: str) -> str:
@@ -121,8 +130,20 @@ class _Importer:
                 return ("t", len(slots) - 1)
             if isinstance(a, list | tuple):
                 return type(a)(conv(x) for x in a)
-            if isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format
-                          | int | float | bool | str) or a is None:
+            if (
+                isinstance(
+                    a,
+                    torch.dtype
+                    | torch.device
+                    | torch.layout
+                    | torch.memory_format
+                    | int
+                    | float
+                    | bool
+                    | str,
+                )
+                or a is None
+            ):
                 return ("c", a)
             raise Unsupported(f"{node.name}: argument {a!r} cannot be kept")
 
@@ -135,15 +156,15 @@ class _Importer:
         if isinstance(val, list | tuple) and not isinstance(first, torch.Tensor):
             raise Unsupported(f"{node.name} returns a tuple without a leading tensor")
         dtype, shape = _tensor_type(node, first)
-        return self.add(Node(node.name, "Opaque", tuple(slots), (name,), dtype, shape),
-                        node.name)
+        return self.add(Node(node.name, "Opaque", tuple(slots), (name,), dtype, shape), node.name)
 
     # --- the node kinds --------------------------------------------------------------
 
     def placeholder(self, node: torch.fx.Node) -> None:
         dtype, shape = _tensor_type(node)
-        self.env[node.name] = self.add(Node(node.name, "Input", (), (node.name,), dtype, shape),
-                                       node.name)
+        self.env[node.name] = self.add(
+            Node(node.name, "Input", (), (node.name,), dtype, shape), node.name
+        )
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
@@ -179,8 +200,12 @@ class _Importer:
         if len(operands) != row.arity:
             return None
         if row.out_dtype == "bool":
-            probes = [torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
-                      if isinstance(a, torch.fx.Node) else a for a in operands]
+            probes = [
+                torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
+                if isinstance(a, torch.fx.Node)
+                else a
+                for a in operands
+            ]
             common = DTYPES.get(torch.result_type(*probes))
             if common is None:
                 return None
@@ -205,6 +230,7 @@ def _h_binary_alpha(row_name: str):
         a, b = node.args[:2]
         args = [imp.operand(a, dtype), imp.operand(b, dtype)]
         return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+
     return h
 
 
@@ -213,8 +239,12 @@ def _h_rsub(imp: _Importer, node: torch.fx.Node):
         return None
     dtype, shape = _tensor_type(node)
     x, other = node.args
-    return imp.add(Node(node.name, "Sub", (imp.operand(other, dtype), imp.operand(x, dtype)), (),
-                        dtype, shape), node.name)
+    return imp.add(
+        Node(
+            node.name, "Sub", (imp.operand(other, dtype), imp.operand(x, dtype)), (), dtype, shape
+        ),
+        node.name,
+    )
 
 
 def _h_gelu(imp: _Importer, node: torch.fx.Node):
@@ -223,8 +253,7 @@ def _h_gelu(imp: _Importer, node: torch.fx.Node):
     op = {"none": "Gelu", "tanh": "GeluTanh"}.get(approx)
     if op is None:
         return None
-    return imp.add(Node(node.name, op, (imp.env[node.args[0].name],), (), dtype, shape),
-                   node.name)
+    return imp.add(Node(node.name, op, (imp.env[node.args[0].name],), (), dtype, shape), node.name)
 
 
 def _dims(node: torch.fx.Node, rank: int, dims) -> tuple[int, ...]:
@@ -246,9 +275,18 @@ def _h_reduce(row_name: str):
         if not xn.shape:
             return None
         dtype, shape = _tensor_type(node)
-        return imp.add(Node(node.name, row_name, (xn.name,),
-                            (_dims(node, len(xn.shape), dims), int(bool(keepdim))), dtype, shape),
-                       node.name)
+        return imp.add(
+            Node(
+                node.name,
+                row_name,
+                (xn.name,),
+                (_dims(node, len(xn.shape), dims), int(bool(keepdim))),
+                dtype,
+                shape,
+            ),
+            node.name,
+        )
+
     return h
 
 
@@ -259,8 +297,10 @@ def _h_sum_all(imp: _Importer, node: torch.fx.Node):
     if not xn.shape:
         return None
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "Sum", (xn.name,), (tuple(range(len(xn.shape))), 0), dtype,
-                        shape), node.name)
+    return imp.add(
+        Node(node.name, "Sum", (xn.name,), (tuple(range(len(xn.shape))), 0), dtype, shape),
+        node.name,
+    )
 
 
 def _h_var(imp: _Importer, node: torch.fx.Node):
@@ -271,16 +311,25 @@ def _h_var(imp: _Importer, node: torch.fx.Node):
     if not isinstance(corr, int | float) or int(corr) != corr or not xn.shape:
         return None
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "Var", (xn.name,),
-                        (_dims(node, len(xn.shape), dims), int(corr), int(bool(keepdim))),
-                        dtype, shape), node.name)
+    return imp.add(
+        Node(
+            node.name,
+            "Var",
+            (xn.name,),
+            (_dims(node, len(xn.shape), dims), int(corr), int(bool(keepdim))),
+            dtype,
+            shape,
+        ),
+        node.name,
+    )
 
 
 def _h_shape_view(imp: _Importer, node: torch.fx.Node):
     """view, reshape, unsqueeze, squeeze: a View to the result's (known) shape."""
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "View", (imp.env[node.args[0].name],), (shape,), dtype, shape),
-                   node.name)
+    return imp.add(
+        Node(node.name, "View", (imp.env[node.args[0].name],), (shape,), dtype, shape), node.name
+    )
 
 
 def _h_permute(imp: _Importer, node: torch.fx.Node):
@@ -303,8 +352,9 @@ def _h_expand(imp: _Importer, node: torch.fx.Node):
     if node.kwargs.get("implicit"):
         return None
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "Expand", (imp.env[node.args[0].name],), (shape,), dtype,
-                        shape), node.name)
+    return imp.add(
+        Node(node.name, "Expand", (imp.env[node.args[0].name],), (shape,), dtype, shape), node.name
+    )
 
 
 def _h_slice(imp: _Importer, node: torch.fx.Node):
@@ -327,13 +377,17 @@ def _h_slice(imp: _Importer, node: torch.fx.Node):
     start, end = clamp(start, 0), clamp(end, size)
     end = max(end, start)
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "Slice", (xn.name,), (dim, start, end, step), dtype, shape),
-                   node.name)
+    return imp.add(
+        Node(node.name, "Slice", (xn.name,), (dim, start, end, step), dtype, shape), node.name
+    )
 
 
 def _h_clone(imp: _Importer, node: torch.fx.Node):
-    if node.kwargs.get("memory_format") not in (None, torch.contiguous_format,
-                                                torch.preserve_format):
+    if node.kwargs.get("memory_format") not in (
+        None,
+        torch.contiguous_format,
+        torch.preserve_format,
+    ):
         return None
     dtype, shape = _tensor_type(node)
     x = imp.env[node.args[0].name]
@@ -347,11 +401,15 @@ def _h_to_copy(imp: _Importer, node: torch.fx.Node):
     src = _meta(node.args[0])
     val = _meta(node)
     if val.device != src.device or node.kwargs.get("memory_format") not in (
-            None, torch.preserve_format, torch.contiguous_format):
+        None,
+        torch.preserve_format,
+        torch.contiguous_format,
+    ):
         return None
     dtype, shape = _tensor_type(node)
-    return imp.add(Node(node.name, "Cast", (imp.env[node.args[0].name],), (dtype,), dtype, shape),
-                   node.name)
+    return imp.add(
+        Node(node.name, "Cast", (imp.env[node.args[0].name],), (dtype,), dtype, shape), node.name
+    )
 
 
 def _h_matmul(row_name: str):
@@ -361,6 +419,7 @@ def _h_matmul(row_name: str):
         if any(imp.g.nodes[a].dtype != dtype for a in args):
             return None
         return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+
     return h
 
 
@@ -379,8 +438,11 @@ def _h_softmax(row_name: str):
             return None
         xn = imp.g.nodes[imp.env[x.name]]
         dtype, shape = _tensor_type(node)
-        return imp.add(Node(node.name, row_name, (xn.name,), (dim % max(len(xn.shape), 1),),
-                            dtype, shape), node.name)
+        return imp.add(
+            Node(node.name, row_name, (xn.name,), (dim % max(len(xn.shape), 1),), dtype, shape),
+            node.name,
+        )
+
     return h
 
 
@@ -396,8 +458,17 @@ def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
     rank = len(xn.shape)
     dims = tuple(range(rank - len(normalized), rank))
     dtype, shape = _tensor_type(node, _meta(node)[0])
-    return imp.add(Node(node.name, "LayerNorm", (xn.name, imp.env[w.name], imp.env[b.name]),
-                        (dims, float_bits(eps)), dtype, shape), node.name)
+    return imp.add(
+        Node(
+            node.name,
+            "LayerNorm",
+            (xn.name, imp.env[w.name], imp.env[b.name]),
+            (dims, float_bits(eps)),
+            dtype,
+            shape,
+        ),
+        node.name,
+    )
 
 
 def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
@@ -412,11 +483,14 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     views = []
     for t in (w, b, rm, rv):
         tn = imp.g.nodes[imp.env[t.name]]
-        views.append(imp.add(Node(imp.fresh("bnview"), "View", (tn.name,), (tail,), tn.dtype,
-                                  tail)))
+        views.append(
+            imp.add(Node(imp.fresh("bnview"), "View", (tn.name,), (tail,), tn.dtype, tail))
+        )
     dtype, shape = _tensor_type(node, _meta(node)[0])
-    return imp.add(Node(node.name, "BatchNormInf", (xn.name, *views), (float_bits(eps),), dtype,
-                        shape), node.name)
+    return imp.add(
+        Node(node.name, "BatchNormInf", (xn.name, *views), (float_bits(eps),), dtype, shape),
+        node.name,
+    )
 
 
 def _h_convolution(imp: _Importer, node: torch.fx.Node):
@@ -426,10 +500,23 @@ def _h_convolution(imp: _Importer, node: torch.fx.Node):
     dtype, shape = _tensor_type(node)
     attrs = (tuple(stride), tuple(padding), tuple(dilation), int(groups))
     if b is None:
-        return imp.add(Node(node.name, "Conv2dNoBias", (imp.env[x.name], imp.env[w.name]), attrs,
-                            dtype, shape), node.name)
-    return imp.add(Node(node.name, "Conv2d", (imp.env[x.name], imp.env[w.name], imp.env[b.name]),
-                        attrs, dtype, shape), node.name)
+        return imp.add(
+            Node(
+                node.name, "Conv2dNoBias", (imp.env[x.name], imp.env[w.name]), attrs, dtype, shape
+            ),
+            node.name,
+        )
+    return imp.add(
+        Node(
+            node.name,
+            "Conv2d",
+            (imp.env[x.name], imp.env[w.name], imp.env[b.name]),
+            attrs,
+            dtype,
+            shape,
+        ),
+        node.name,
+    )
 
 
 def _h_pow(imp: _Importer, node: torch.fx.Node):
@@ -437,8 +524,10 @@ def _h_pow(imp: _Importer, node: torch.fx.Node):
     if dtype not in ot.FLOATS:
         return None
     x, e = node.args
-    return imp.add(Node(node.name, "Pow", (imp.operand(x, dtype), imp.operand(e, dtype)), (),
-                        dtype, shape), node.name)
+    return imp.add(
+        Node(node.name, "Pow", (imp.operand(x, dtype), imp.operand(e, dtype)), (), dtype, shape),
+        node.name,
+    )
 
 
 _HANDLERS = {

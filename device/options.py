@@ -25,8 +25,14 @@ class Options:
         return Bounds(self.iterations, self.max_enodes, self.seconds)
 
     def key(self) -> tuple:
-        return (self.device, self.rules, self.rewrites, self.iterations, self.max_enodes,
-                self.seconds)
+        return (
+            self.device,
+            self.rules,
+            self.rewrites,
+            self.iterations,
+            self.max_enodes,
+            self.seconds,
+        )
 
 
 VALID = tuple(f.name for f in fields(Options) if f.name != "extra")

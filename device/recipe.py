@@ -35,8 +35,9 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     size = t.element_size()
     span = (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * size
     base = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=dtype)
-    return np.lib.stride_tricks.as_strided(base, tuple(t.shape),
-                                           tuple(st * size for st in t.stride()))
+    return np.lib.stride_tricks.as_strided(
+        base, tuple(t.shape), tuple(st * size for st in t.stride())
+    )
 
 
 def packed_strides(shape) -> tuple[int, ...]:
@@ -126,7 +127,8 @@ class Recipe:
         if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
             raise RuntimeError(
                 f"saturn recipe input {i}: compiled for {spec.dtype}{list(spec.shape)}, "
-                f"got {t.dtype}{list(t.shape)}")
+                f"got {t.dtype}{list(t.shape)}"
+            )
         want = self.device if self.io_on_device else torch.device("cpu")
         packed = t.numel() <= 1 or tuple(t.stride()) == packed_strides(t.shape)
         if t.device == want and packed:
@@ -170,8 +172,10 @@ class Recipe:
         out = torch.empty(s.shape, dtype=TORCH_DTYPES[s.dtype], device=self.device)
         for o, t in zip(k.inputs, operands, strict=True):
             if tuple(t.shape) != tuple(o.shape):
-                raise RuntimeError(f"kernel {s.output}: operand of shape {list(t.shape)}, "
-                                   f"compiled for {list(o.shape)}")
+                raise RuntimeError(
+                    f"kernel {s.output}: operand of shape {list(t.shape)}, "
+                    f"compiled for {list(o.shape)}"
+                )
         if k.kind in ("loop", "reduce"):
             arrays = []
             for o, t in zip(k.inputs, operands, strict=True):
@@ -194,8 +198,9 @@ class Recipe:
         elif k.kind == "conv":
             a = k.attrs
             b = cpu_in[2] if a["bias"] else None
-            r = torch.nn.functional.conv2d(cpu_in[0], cpu_in[1], b, a["stride"], a["padding"],
-                                           a["dilation"], a["groups"])
+            r = torch.nn.functional.conv2d(
+                cpu_in[0], cpu_in[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
+            )
         elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
             r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
         else:

@@ -44,7 +44,9 @@ def emit_kernels(c: Compiled) -> str:
             out.append(f"  body: {format_expr(k.body)}")
         for a, v in sorted(k.attrs.items()):
             out.append(f"  {a}: {v}")
-        out.append(f"  covers: {', '.join(k.covers) or '-'}")
+        out.append(f"  writes: {', '.join(k.covers) or '-'}")
+        if k.fused:
+            out.append(f"  computes inside: {', '.join(k.fused)}")
     return "\n".join(out) + "\n"
 
 

@@ -461,8 +461,15 @@ OPS: tuple[Op, ...] = (
     ),
     Op("Permute", MOVEMENT, 1, (("perm", "ints"),), ("aten.permute.default",), shape="permute"),
     Op("Expand", MOVEMENT, 1, (("shape", "ints"),), ("aten.expand.default",), shape="expand"),
-    Op("Slice", MOVEMENT, 1, (("dim", "int"), ("start", "int"), ("end", "int"), ("step", "int")),
-       ("aten.slice.Tensor",), shape="slice", doc="x[start:end:step] along dim (a view)"),
+    Op(
+        "Slice",
+        MOVEMENT,
+        1,
+        (("dim", "int"), ("start", "int"), ("end", "int"), ("step", "int")),
+        ("aten.slice.Tensor",),
+        shape="slice",
+        doc="x[start:end:step] along dim (a view)",
+    ),
     # library calls
     Op("MatMul", MATMUL, 2, (), ("aten.mm.default",), dtypes=DEVICE_FLOATS, shape="matmul"),
     Op("BatchMatMul", MATMUL, 2, (), ("aten.bmm.default",), dtypes=DEVICE_FLOATS, shape="bmm"),

@@ -39,7 +39,8 @@ class Kernel:
     body: Expr | None = None  # loop and reduce
     domain: tuple[int, ...] = ()  # iteration shape of the body (the reduce input for reduce)
     attrs: dict = field(default_factory=dict)
-    covers: list[str] = field(default_factory=list)  # graph nodes computed here
+    covers: list[str] = field(default_factory=list)  # graph nodes whose value it writes
+    fused: list[str] = field(default_factory=list)  # graph nodes computed inside, not written
 
 
 @dataclass
@@ -140,18 +141,26 @@ class _Lowering:
         self.types, self.place, self.io_on_device = types, place, io_on_device
         self.steps: list[Step] = []
         self.done: dict[int, str] = {}
+        self.done_extra: dict[tuple, str] = {}
         self.visiting: set[int] = set()
         self.names_of: dict[int, list[str]] = {}
         for name, cid in view.named.items():
             self.names_of.setdefault(cid, []).append(name)
+        self.to_host: dict[int, list[int]] = {}  # device class -> host classes holding it
+        for cid, enodes in view.classes.items():
+            for en in enodes:
+                if en.op == "ToHost":
+                    self.to_host.setdefault(en.kids[0], []).append(cid)
 
     def host_twin_names(self, device_cid: int) -> list[str]:
-        """Graph nodes whose value a device class holds (through its ToDev e-node)."""
+        """Graph nodes whose value a device class holds (through ToDev or ToHost twins)."""
         out = list(self.names_of.get(device_cid, []))
         for en in self.view.classes[device_cid]:
             if en.op == "ToDev":
                 out += self.names_of.get(en.kids[0], [])
-        return out
+        for host in self.to_host.get(device_cid, []):
+            out += self.names_of.get(host, [])
+        return list(dict.fromkeys(out))
 
     def value(self, cid: int) -> str:
         if cid in self.done:
@@ -184,7 +193,7 @@ class _Lowering:
     def lower(self, cid: int, en: ENode) -> str:
         out = f"v{cid}"
         dtype, shape = self.typ(cid) if cid in self.types else ("", ())
-        covers = self.names_of.get(cid, [])
+        covers = self.host_twin_names(cid) if cid in self.view.classes else []
         if en.op in ("Input", "Param"):
             return self.emit(
                 Step(
@@ -244,7 +253,7 @@ class _Lowering:
                 )
             )
         if en.op == "Opaque":
-            args = tuple(self.value(c) for c in self.tlist(en.kids[0]))
+            args = tuple(self.host_value(c) for c in self.tlist(en.kids[0]))
             return self.emit(Step("host", out, en.attrs[0], args, (), dtype, shape, covers=covers))
         if en.op == "Item":
             return self.emit(
@@ -259,8 +268,23 @@ class _Lowering:
                     covers=covers,
                 )
             )
-        args = tuple(self.value(k) for k in en.kids)
+        args = tuple(self.host_value(k) for k in en.kids)
         return self.emit(Step("host", out, en.op, args, en.attrs, dtype, shape, covers=covers))
+
+    def host_value(self, cid: int) -> str:
+        """A host op's operand: an input living on the device crosses first (once)."""
+        name = self.value(cid)
+        if not (self.io_on_device and self._leaf(cid)):
+            return name
+        key = ("to-host", cid)
+        if key not in self.done_extra:
+            dtype, shape = self.typ(cid)
+            self.done_extra[key] = self.emit(
+                Step(
+                    "crossing", f"h{cid}", "ToHost", (name,), dtype=dtype, shape=shape, place="host"
+                )
+            )
+        return self.done_extra[key]
 
     def _leaf(self, cid: int) -> bool:
         return any(e.op in ("Input", "Param") for e in self.view.classes[cid])
@@ -276,11 +300,13 @@ class _Lowering:
 
     def kernel(self, cid: int, en: ENode, out: str, dtype: str, shape) -> Kernel:
         covers = self.host_twin_names(cid)
+        fused: list[str] = []
         if en.op in ("Loop", "Reduce"):
             body_cid = en.kids[0]
             domain = self.types[body_cid][1]
             leaves: list[int] = []
-            body = self.expr(body_cid, leaves, covers)
+            body = self.expr(body_cid, leaves, fused)
+            fused = [n for n in fused if n not in covers]
             inputs = [
                 Operand(
                     self.value(c),
@@ -292,7 +318,7 @@ class _Lowering:
                 for c in leaves
             ]
             if en.op == "Loop":
-                return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers)
+                return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers, fused)
             kind, dims, kd = en.attrs
             dims = tuple(sorted(d % len(domain) for d in dims)) if domain else ()
             return Kernel(
@@ -305,6 +331,7 @@ class _Lowering:
                 domain,
                 {"reduce": kind, "dims": dims, "keepdim": kd},
                 covers,
+                fused,
             )
         if en.op == "Gemm":
             ops = [k for k in en.kids if not self._nobias(k)]
@@ -379,7 +406,18 @@ def lower(
     for name in graph.nodes:
         if graph.nodes[name].op in ("Input", "Param"):
             low.value(view.named[name])
-    outputs = [low.value(r) for r in roots]
+    outputs = []
+    for r in roots:
+        v = low.value(r)
+        if io_on_device and place.get(r) == "host":  # the caller expects device outputs
+            key = ("to-dev-out", r)
+            if key not in low.done_extra:
+                dtype, shape = types[r]
+                low.done_extra[key] = low.emit(
+                    Step("crossing", f"o{r}", "ToDev", (v,), dtype=dtype, shape=shape, place=DEVICE)
+                )
+            v = low.done_extra[key]
+        outputs.append(v)
     inputs = {n.name: low.done[view.named[n.name]] for n in graph.inputs()}
     prog = _renumber(Program(low.steps, outputs, inputs))
     validate(prog)

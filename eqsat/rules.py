@@ -94,6 +94,24 @@ class RuleSet:
             raise _error(e, path) from None
 
 
+_RULE_NAME = re.compile(
+    r":ruleset\s+(\S+)\s+:name\s+\"([^\"]+)\"|"
+    r":name\s+\"([^\"]+)\"\s+:ruleset\s+([^\s)]+)"
+)
+
+
+def rule_owners(files: list[Path]) -> dict[str, str]:
+    """rule name -> ruleset, read from the rule files."""
+    out: dict[str, str] = {}
+    for f in files:
+        for m in _RULE_NAME.finditer(Path(f).read_text()):
+            if m.group(1):
+                out[m.group(2)] = m.group(1)
+            else:
+                out[m.group(3)] = m.group(4)
+    return out
+
+
 def rule_files(extra: list[str | Path] | None = None) -> list[Path]:
     """saturn's rule files followed by the user's (files, or folders of ``*.egg``)."""
     files = [RULES_DIR / f for f in DEFAULT_FILES]

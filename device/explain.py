@@ -1,0 +1,127 @@
+"""``saturn.explain(model_or_fn, *inputs)``: where every operation went.
+
+For each graph saturn compiled: the imported graph, what each ruleset changed, the kernels,
+and a schedule giving each op's fate (the kernel that computes it, fused or materialised;
+a view on the device; a host op and whether its inputs crossed; or folded away by a
+rewrite), with the number of crossings and kernel launches per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from saturn.eqsat.driver import emit_kernels
+from saturn.eqsat.rules import rule_files, rule_owners
+
+from . import backend
+
+
+@dataclass
+class GraphReport:
+    graph_text: str
+    rulesets: dict[str, dict[str, int]]  # ruleset -> rule -> matches
+    stop_reason: str
+    kernels_text: str
+    fates: dict[str, list[str]]  # FX node -> fates
+    crossings: int
+    launches: int
+    host_ops: int
+    program_text: str
+
+    def __str__(self) -> str:
+        lines = ["imported graph:", *("  " + ln for ln in self.graph_text.splitlines())]
+        lines.append(f"saturation: {self.stop_reason}")
+        for rs, rules in self.rulesets.items():
+            fired = ", ".join(f"{r} x{n}" for r, n in sorted(rules.items()))
+            lines.append(f"  {rs}: {fired}")
+        lines.append("kernels:")
+        lines += ["  " + ln for ln in self.kernels_text.splitlines()] or ["  (none)"]
+        lines.append("schedule (each op's fate):")
+        width = max((len(n) for n in self.fates), default=0)
+        for n, f in self.fates.items():
+            lines.append(f"  {n:{width}s}  {'; '.join(f)}")
+        lines.append(
+            f"per call: {self.launches} kernel launches, {self.crossings} crossings, "
+            f"{self.host_ops} host ops"
+        )
+        return "\n".join(lines)
+
+
+@dataclass
+class Explanation:
+    graphs: list[GraphReport] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        parts = []
+        for i, g in enumerate(self.graphs):
+            parts.append(f"=== graph {i} ===\n{g}")
+        for r in self.fallbacks:
+            parts.append(f"=== graph ran uncompiled: {r}")
+        return "\n\n".join(parts) if parts else "saturn compiled no graph"
+
+
+def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphReport:
+    prog = cg.compiled.program
+    owners = rule_owners(rule_files(rules))
+    rulesets: dict[str, dict[str, int]] = {}
+    for rule, n in cg.compiled.report.rule_totals().items():
+        if n and not rule.startswith("type-"):
+            rulesets.setdefault(owners.get(rule, "?"), {})[rule] = n
+    crossing_outputs = {s.output for s in prog.steps if s.kind == "crossing"}
+    graph = cg.imported.graph
+    fates: dict[str, list[str]] = {}
+    for name, node in graph.nodes.items():
+        if node.op in ("Input", "Scalar") or name not in cg.imported.fx_names:
+            continue
+        fx = cg.imported.fx_names[name]
+        fates.setdefault(fx, [])
+    for s in prog.steps:
+        fused = s.kernel.fused if s.kernel is not None else []
+        for g in [*s.covers, *fused]:
+            fx = cg.imported.fx_names.get(g)
+            if fx is None or graph.nodes[g].op == "Input":
+                continue
+            if s.kind == "kernel":
+                k = s.kernel
+                how = "computed inside" if g in fused else "written by"
+                fates[fx].append(f"{how} kernel {s.output} ({k.kind})")
+            elif s.kind == "host":
+                moved = any(a in crossing_outputs for a in s.args)
+                fates[fx].append("host" + (" (its inputs crossed)" if moved else ""))
+            elif s.kind == "view":
+                fates[fx].append(f"view on the {s.place}")
+    for fx, f in fates.items():
+        if not f:
+            f.append("folded away by a rewrite (merged with an equal value)")
+    return GraphReport(
+        graph_text=graph.to_text(),
+        rulesets=rulesets,
+        stop_reason=cg.compiled.report.stop_reason,
+        kernels_text=emit_kernels(cg.compiled).rstrip(),
+        fates=fates,
+        crossings=prog.count("crossing"),
+        launches=len(prog.kernels),
+        host_ops=prog.count("host"),
+        program_text=prog.to_text(),
+    )
+
+
+def explain(model_or_fn, *inputs, options: dict | None = None) -> Explanation:
+    """Compile ``model_or_fn`` with saturn, run it once on ``inputs``, and say where every
+    operation of every compiled graph went."""
+    torch._dynamo.reset()  # make dynamo hand the graphs to the backend again (cached there)
+    backend._capture.graphs = []
+    fallbacks_before = len(backend.CACHE.fallbacks)
+    try:
+        fn = torch.compile(model_or_fn, backend="saturn", options=options or {}, dynamic=False)
+        fn(*inputs)
+        captured = list(backend._capture.graphs)
+    finally:
+        backend._capture.graphs = None
+    rules = list((options or {}).get("rules", ()))
+    return Explanation(
+        [report(cg, rules) for cg in captured], backend.CACHE.fallbacks[fallbacks_before:]
+    )

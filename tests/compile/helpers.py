@@ -1,0 +1,43 @@
+"""Shared helpers: compile on saturn:0 and compare with eager on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import saturn
+from saturn import backend
+
+DEV = "saturn:0"
+
+
+def compile_and_compare(model_or_fn, *inputs, rtol=1e-5, atol=1e-5, options=None):
+    """Run eagerly on the CPU and compiled on saturn:0; return (compiled output, recipe).
+
+    Also checks that the compiled call ran no op through the CPU fallback."""
+    torch._dynamo.reset()
+    cpu_fn = model_or_fn
+    dev_fn = model_or_fn
+    if isinstance(model_or_fn, torch.nn.Module):
+        cpu_fn = model_or_fn.eval()
+        dev_fn = copy.deepcopy(model_or_fn).eval().to(DEV)
+    with torch.no_grad():
+        want = cpu_fn(*inputs)
+        compiled = torch.compile(dev_fn, backend="saturn", options=options or {}, dynamic=False)
+        dev_inputs = [x.to(DEV) if isinstance(x, torch.Tensor) else x for x in inputs]
+        compiled(*dev_inputs)  # compile (and warm)
+        before = saturn.fallback_counts()
+        got = compiled(*dev_inputs)
+        after = saturn.fallback_counts()
+    assert after == before, f"the compiled call used the CPU fallback: {after} vs {before}"
+    wants = want if isinstance(want, tuple | list) else (want,)
+    gots = got if isinstance(got, tuple | list) else (got,)
+    for w, g in zip(wants, gots, strict=True):
+        assert g.device == torch.device(DEV), g.device
+        torch.testing.assert_close(g.cpu(), w, rtol=rtol, atol=atol, equal_nan=True)
+    return got
+
+
+def last_compiled() -> backend.CompiledGraph:
+    return next(reversed(backend.CACHE.items.values()))

@@ -1,0 +1,72 @@
+"""Backend registration, options, the compile cache, and graphs that run uncompiled."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import pytest
+import torch
+
+import saturn
+from saturn import backend
+
+from .helpers import DEV
+
+
+def test_registered_through_the_entry_point_only():
+    assert "saturn" in torch._dynamo.list_backends()
+    src = inspect.getsource(backend)
+    assert "register_backend(" not in src.replace("must not also call ``register_backend``", "")
+
+
+def test_unknown_option_is_rejected_with_the_valid_list():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 1, backend="saturn", options={"devcie": "saturn:0"})
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['devcie'\]; valid options"):
+        fn(torch.ones(2).to(DEV))
+
+
+def test_same_graph_from_two_call_sites_compiles_once_and_survives_reset():
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    x = torch.randn(3, 5).to(DEV)
+
+    def site_a(x):
+        return torch.tanh(x) * 3.0
+
+    def site_b(y):
+        return torch.tanh(y) * 3.0
+
+    before = backend.CACHE.compiles
+    with torch.no_grad():
+        a = torch.compile(site_a, backend="saturn", dynamic=False)(x)
+        b = torch.compile(site_b, backend="saturn", dynamic=False)(x)
+    assert backend.CACHE.compiles == before + 1
+    torch._dynamo.reset()
+    with torch.no_grad():
+        c = torch.compile(site_a, backend="saturn", dynamic=False)(x)
+    assert backend.CACHE.compiles == before + 1, "dynamo's reset does not drop saturn's cache"
+    assert torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), c.cpu())
+
+
+def test_unrepresentable_graph_runs_uncompiled_with_a_logged_reason(caplog):
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="saturn", dynamic=False)
+    x = torch.randn(4, dtype=torch.complex64)
+    with caplog.at_level(logging.WARNING, logger="saturn"), torch.no_grad():
+        got = fn(x.to(DEV))
+    assert torch.allclose(got.cpu(), (x * 2).sum())
+    assert any("runs uncompiled" in r.message and "complex64" in r.message for r in caplog.records)
+
+
+def test_recipe_checks_its_inputs():
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(lambda x: x.exp(), backend="saturn", dynamic=False)(torch.ones(3).to(DEV))
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    with pytest.raises(RuntimeError, match="takes 1 inputs"):
+        recipe([])
+    with pytest.raises(RuntimeError, match=r"compiled for torch.float32\[3\]"):
+        recipe([torch.ones(4).to(DEV)])
+    assert saturn is not None

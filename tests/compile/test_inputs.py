@@ -1,0 +1,68 @@
+"""Inputs that break backends: mixed dtypes, integer reductions, NaN/inf/-0.0, a transposed
+input where a packed one was compiled, a view as an output, a constant first operand."""
+
+from __future__ import annotations
+
+import torch
+
+from .helpers import DEV, compile_and_compare, last_compiled
+
+
+def test_mixed_dtypes_in_one_expression():
+    a = torch.randint(-5, 5, (4, 7), dtype=torch.int32)
+    b = torch.randn(4, 7, dtype=torch.float32)
+    c = torch.randn(7, dtype=torch.float64)
+    compile_and_compare(lambda a, b, c: (a * b + c).relu(), a, b, c)
+    ops = last_compiled().imported.graph.nodes.values()
+    assert any(n.op == "Cast" for n in ops), "promotion is explicit in the imported graph"
+
+
+def test_integer_reductions_widen():
+    x = torch.randint(-100, 100, (5, 9), dtype=torch.int32)
+    out = compile_and_compare(lambda x: (x.sum(1), x.amax(0), x.sum()), x)
+    assert out[0].dtype == torch.int64 and out[2].dtype == torch.int64
+
+
+def test_nan_inf_and_negative_zero():
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1.5, -2.0]])
+    y = torch.tensor([[1.0, -1.0, 2.0, 0.0, -0.0, float("nan"), 3.0]])
+    out = compile_and_compare(
+        lambda x, y: (torch.maximum(x, y), torch.relu(x) * y, x + y, (x * y).amax(1)), x, y
+    )
+    # -0.0 survives relu as in eager
+    assert torch.signbit(out[1].cpu()).tolist() == torch.signbit(torch.relu(x) * y).tolist()
+
+
+def test_transposed_input_where_packed_was_compiled():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.exp(x) * 2 - 1, backend="saturn", dynamic=False)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        assert torch.allclose(fn(x.to(DEV)).cpu(), torch.exp(x) * 2 - 1, rtol=1e-5)
+        xt = torch.randn(4, 6).t()  # same shape, transposed strides
+        got = fn(xt.to(DEV))
+    torch.testing.assert_close(got.cpu(), torch.exp(xt) * 2 - 1, rtol=1e-5, atol=1e-6)
+
+
+def test_view_as_output():
+    x = torch.randn(4, 6)
+    out = compile_and_compare(lambda x: ((x + 1).view(24), (x * 2).t()), x)
+    assert out[0].shape == (24,) and out[1].shape == (6, 4)
+
+
+def test_constant_first_operand():
+    x = torch.randn(10)
+    compile_and_compare(lambda x: 1 - x, x)
+    body = str(last_compiled().compiled.program.kernels[0].body)
+    assert body.startswith("('sub', ('const'"), body
+
+
+def test_cpu_inputs_compile_too():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.tanh(x) + x, backend="saturn", dynamic=False)
+    x = torch.randn(5)
+    with torch.no_grad():
+        got = fn(x)
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, torch.tanh(x) + x, rtol=1e-5, atol=1e-6)
+    assert last_compiled().compiled.program.count("crossing") >= 2  # in and out of saturn:0
