@@ -22,7 +22,7 @@ from saturn.eqsat.errors import EqsatError
 from saturn.eqsat.pipeline import Compiled, compile_graph
 
 from . import decompositions
-from .importer import Imported, Unsupported, import_graph
+from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, parse
 from .recipe import InputSpec, Recipe
 
@@ -118,7 +118,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     imported = import_graph(gm)
     kinds = _devices_of(example_inputs)
     if kinds - {"saturn", "cpu"} or len(kinds) > 1:
-        raise Unsupported(
+        raise UnsupportedError(
             f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
             "are all saturn tensors or all CPU tensors"
         )
@@ -127,9 +127,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     if io_on_device:
         devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
         if devs != {device}:
-            raise Unsupported(f"inputs on {sorted(map(str, devs))}, compile target {device}")
+            raise UnsupportedError(f"inputs on {sorted(map(str, devs))}, compile target {device}")
     if device.index >= 1:
-        raise Unsupported(f"{device}: GPU kernels need saturn's CUDA emitter, not built yet")
+        raise UnsupportedError(f"{device}: GPU kernels need saturn's CUDA emitter, not built yet")
     compiled = compile_graph(
         imported.graph,
         rules=list(opts.rules),
@@ -171,7 +171,7 @@ def _compiler(opts: Options):
                 hit = compile_fx(gm, example_inputs, opts)
             except Exception as e:  # never fail the user's compile: run uncompiled, say why
                 reason = f"{type(e).__name__}: {e}"
-                if not isinstance(e, Unsupported | EqsatError | NotImplementedError):
+                if not isinstance(e, UnsupportedError | EqsatError | NotImplementedError):
                     log.exception("saturn: internal error while compiling a graph")
                 CACHE.fallbacks.append(reason)
                 log.warning("saturn: graph runs uncompiled: %s", reason)

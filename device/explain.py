@@ -93,7 +93,7 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
                 fates[fx].append("host" + (" (its inputs crossed)" if moved else ""))
             elif s.kind == "view":
                 fates[fx].append(f"view on the {s.place}")
-    for fx, f in fates.items():
+    for f in fates.values():
         if not f:
             f.append("folded away by a rewrite (merged with an equal value)")
     return GraphReport(

@@ -33,7 +33,7 @@ DTYPES = {
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
 
-class Unsupported(Exception):
+class UnsupportedError(Exception):
     """The graph cannot be represented; it runs uncompiled and the reason is logged."""
 
 
@@ -59,20 +59,22 @@ class Imported:
 def _meta(node: torch.fx.Node):
     val = node.meta.get("val")
     if val is None:
-        raise Unsupported(f"node {node.name} ({node.target}) has no fake tensor value")
+        raise UnsupportedError(f"node {node.name} ({node.target}) has no fake tensor value")
     return val
 
 
 def _tensor_type(node: torch.fx.Node, val=None) -> tuple[str, tuple[int, ...]]:
     val = _meta(node) if val is None else val
     if not isinstance(val, torch.Tensor):
-        raise Unsupported(f"node {node.name} produces {type(val).__name__}, not a tensor")
+        raise UnsupportedError(f"node {node.name} produces {type(val).__name__}, not a tensor")
     if val.dtype not in DTYPES:
-        raise Unsupported(f"node {node.name} has dtype {val.dtype}, which saturn does not run")
+        raise UnsupportedError(f"node {node.name} has dtype {val.dtype}, which saturn does not run")
     try:
         shape = tuple(int(s) for s in val.shape)
     except (TypeError, ValueError):
-        raise Unsupported(f"node {node.name} has a symbolic shape {tuple(val.shape)}") from None
+        raise UnsupportedError(
+            f"node {node.name} has a symbolic shape {tuple(val.shape)}"
+        ) from None
     return DTYPES[val.dtype], shape
 
 
@@ -116,7 +118,7 @@ class _Importer:
             return self.cast(self.env[a.name], dtype)
         if isinstance(a, int | float | bool):
             return self.scalar(a, dtype)
-        raise Unsupported(f"operand {a!r} of type {type(a).__name__}")
+        raise UnsupportedError(f"operand {a!r} of type {type(a).__name__}")
 
     def opaque(self, node: torch.fx.Node, why: str = "") -> str:
         """Keep ``node`` as a host call of the original op."""
@@ -125,7 +127,7 @@ class _Importer:
         def conv(a):
             if isinstance(a, torch.fx.Node):
                 if a.name not in self.env:
-                    raise Unsupported(f"{node.name} reads {a.name}, which has no value")
+                    raise UnsupportedError(f"{node.name} reads {a.name}, which has no value")
                 slots.append(self.env[a.name])
                 return ("t", len(slots) - 1)
             if isinstance(a, list | tuple):
@@ -145,7 +147,7 @@ class _Importer:
                 or a is None
             ):
                 return ("c", a)
-            raise Unsupported(f"{node.name}: argument {a!r} cannot be kept")
+            raise UnsupportedError(f"{node.name}: argument {a!r} cannot be kept")
 
         args = tuple(conv(a) for a in node.args)
         kwargs = {k: conv(v) for k, v in node.kwargs.items()}
@@ -154,7 +156,7 @@ class _Importer:
         val = _meta(node)
         first = val[0] if isinstance(val, list | tuple) else val
         if isinstance(val, list | tuple) and not isinstance(first, torch.Tensor):
-            raise Unsupported(f"{node.name} returns a tuple without a leading tensor")
+            raise UnsupportedError(f"{node.name} returns a tuple without a leading tensor")
         dtype, shape = _tensor_type(node, first)
         return self.add(Node(node.name, "Opaque", tuple(slots), (name,), dtype, shape), node.name)
 
@@ -172,7 +174,7 @@ class _Importer:
             self.env[node.name] = self.getitem(node)
             return
         if not isinstance(target, torch._ops.OpOverload):
-            raise Unsupported(f"{node.name} calls {target}, not an ATen op")
+            raise UnsupportedError(f"{node.name} calls {target}, not an ATen op")
         handler = _HANDLERS.get(str(target))
         name = None
         if handler is not None:
@@ -189,7 +191,7 @@ class _Importer:
         b = self.g.nodes[base]
         if b.op != "Opaque":  # a row op whose result 0 is the only one read (layer/batch norm)
             if index != 0:
-                raise Unsupported(f"{node.name} reads result {index} of {src.name}")
+                raise UnsupportedError(f"{node.name} reads result {index} of {src.name}")
             return base
         dtype, shape = _tensor_type(node)
         return self.add(Node(node.name, "Item", (base,), (index,), dtype, shape), node.name)
@@ -586,10 +588,10 @@ def import_graph(gm: torch.fx.GraphModule) -> Imported:
                 elif isinstance(o, torch.fx.Node):
                     outputs.append(imp.env[o.name])
                 else:
-                    raise Unsupported(f"output {o!r} is not a tensor")
+                    raise UnsupportedError(f"output {o!r} is not a tensor")
         else:
-            raise Unsupported(f"FX node kind {node.op} ({node.name})")
+            raise UnsupportedError(f"FX node kind {node.op} ({node.name})")
     imp.g.outputs = [o for o in outputs if o is not None]
     if not imp.g.outputs:
-        raise Unsupported("the graph returns no tensor")
+        raise UnsupportedError("the graph returns no tensor")
     return Imported(imp.g, inputs, meta, outputs, imp.host_calls, imp.fx_names)
