@@ -73,7 +73,7 @@ class Recipe:
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
     last: CallStats = field(default_factory=CallStats)
-    _copies: dict[int, tuple] = field(default_factory=dict, repr=False)
+    _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- compile time ---------------------------------------------------------------
@@ -96,9 +96,16 @@ class Recipe:
         prepared = [self._input(i, t, stats) for i, t in enumerate(args)]
         by_value = {v: k for k, v in self.program.inputs.items()}
         order = {name: i for i, name in enumerate(self.input_names)}
+        position = {}  # program value of an input -> its position
         for s in self.program.steps:
             if s.kind == "input":
-                env[s.output] = prepared[order[by_value[s.output]]]
+                position[s.output] = order[by_value[s.output]]
+                env[s.output] = prepared[position[s.output]]
+            elif s.kind == "crossing" and s.args[0] in position:
+                # an input crossing: reuse the copy while the input is unchanged
+                i = position[s.args[0]]
+                want = self.device if s.op == "ToDev" else torch.device("cpu")
+                env[s.output] = self._copy(("x", i), env[s.args[0]], want, stats)
             else:
                 env[s.output] = self._step(s, env, stats)
         outs = [env[v] for v in self.program.outputs]
@@ -133,18 +140,21 @@ class Recipe:
         packed = t.numel() <= 1 or tuple(t.stride()) == packed_strides(t.shape)
         if t.device == want and packed:
             return t
-        # A copy is needed (another device, or not packed): reuse it while the source has
-        # not changed (same tensor, storage and version), so weights stay where they went.
+        return self._copy(("in", i), t, want, stats)
+
+    def _copy(self, slot: tuple, t: torch.Tensor, want: torch.device, stats: CallStats):
+        """A packed copy of ``t`` on ``want``, reused while the source has not changed (same
+        tensor, storage and version counter, held by weak reference): weights stay put."""
         key = (id(t), t.data_ptr(), t._version)
         with self._lock:
-            cached = self._copies.get(i)
+            cached = self._copies.get(slot)
             if cached is not None and cached[0]() is t and cached[1] == key:
                 stats.input_copies_reused += 1
                 return cached[2]
         out = t.to(want).contiguous()
         stats.crossings += t.device != want
         with self._lock:
-            self._copies[i] = (weakref.ref(t), key, out)
+            self._copies[slot] = (weakref.ref(t), key, out)
         return out
 
     def _step(self, s: Step, env: dict, stats: CallStats):
