@@ -372,7 +372,7 @@ OPS: tuple[Op, ...] = (
         ("aten.sum.dim_IntList",),
         None,
         np.sum,
-        DEVICE_NUMERIC,
+        ("bool", *DEVICE_NUMERIC),  # bools sum to int64, as in PyTorch
         "reduce",
     ),
     Op(

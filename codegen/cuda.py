@@ -1,0 +1,506 @@
+"""The CUDA emitter: kernel descriptions to Numba CUDA kernels, compiled once, launched
+through cuda.core on saturn's stream.
+
+It takes the same descriptions as the CPU emitter. Kernels take raw pointers and 64-bit
+sizes (no Numba array structs), so a launch passes a handful of scalars and never goes
+through the Numba dispatcher. Loops read packed operands at ``i``, ``i % m``, ``i // r`` or
+``0`` by their indexing, and any other operand through per-axis strides given at launch
+(zero on broadcast axes). Reductions see their domain as outer x reduce x inner: rows
+(inner == 1) reduce with a warp per row for short rows or a block per row for long ones;
+columns reduce with 32 columns per block and 8 threads down each column. Accumulation is in
+the output dtype (integers widen to int64 as PyTorch does; float32 stays float32, so a
+float32 kernel has no double-precision instruction); max and min propagate NaN.
+
+The same Python source runs under Numba's CUDA simulator with array arguments (CI has no
+GPU), and compiles to PTX with pointer arguments for the device; PTX is linked to a cubin
+cached on disk, keyed on the source, the architecture and the Numba and CUDA versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.program import Kernel
+
+from .expr import NUMBA_TYPE, BodyWriter
+
+THREADS = 256
+ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
+NUMPY = {"bool": np.bool_, "u8": np.uint8, "i8": np.int8, "i16": np.int16, "i32": np.int32,
+         "i64": np.int64, "f16": np.float16, "f32": np.float32, "f64": np.float64}
+NUMBA_SCALAR = {"bool": "boolean", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
+                "i64": "int64", "f32": "float32", "f64": "float64"}
+
+HELPERS = '''
+@cuda.jit(device=True, inline="always")
+def max_nan(a, b):
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a > b else b
+
+
+@cuda.jit(device=True, inline="always")
+def min_nan(a, b):
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a < b else b
+'''
+
+
+class KernelError(RuntimeError):
+    """A kernel the CUDA emitter cannot build, or a launch whose operands do not fit."""
+
+
+def _acc_dtype(k: Kernel) -> str:
+    return k.dtype
+
+
+def _combine(kind: str, a: str, b: str) -> str:
+    return {"sum": f"{a} + {b}", "mean": f"{a} + {b}", "prod": f"{a} * {b}",
+            "max": f"max_nan({a}, {b})", "min": f"min_nan({a}, {b})"}[kind]
+
+
+def _identity(kind: str, dtype: str) -> str:
+    t = NUMBA_TYPE[dtype]
+    if kind in ("sum", "mean"):
+        return f"{t}(0)"
+    if kind == "prod":
+        return f"{t}(1)"
+    if dtype in ot.FLOATS:
+        return f"{t}({'-' if kind == 'max' else ''}np.inf)"
+    info = np.iinfo(NUMPY[dtype])
+    return f"{t}({info.min if kind == 'max' else info.max})"
+
+
+@dataclass
+class Params:
+    """The kernel's parameters in order: pointers, then int64 sizes and strides."""
+
+    pointers: list[str]
+    ints: list[str]
+
+    def signature(self) -> str:
+        return ", ".join(self.pointers + self.ints)
+
+
+def _operand_reads(k: Kernel, flat_index: str, rank: int, domain_names: list[str],
+                   ind: str) -> tuple[list[str], list[str]]:
+    """Statements reading every operand at the domain's flat index; the int params used."""
+    lines, ints = [], []
+    strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
+    if strided:
+        lines.append(f"{ind}rem = {flat_index}")
+        for i in strided:
+            lines.append(f"{ind}off{i} = 0")
+        for d in reversed(range(rank)):
+            lines.append(f"{ind}c{d} = rem % {domain_names[d]}")
+            lines.append(f"{ind}rem = rem // {domain_names[d]}")
+            for i in strided:
+                lines.append(f"{ind}off{i} += c{d} * st{i}_{d}")
+                ints.append(f"st{i}_{d}")
+    for i, o in enumerate(k.inputs):
+        if o.indexing == "same":
+            idx = flat_index
+        elif o.indexing == "scalar":
+            idx = "0"
+        elif o.indexing == "trailing":
+            idx = f"{flat_index} % m{i}"
+            ints.append(f"m{i}")
+        elif o.indexing == "leading":
+            idx = f"{flat_index} // r{i}"
+            ints.append(f"r{i}")
+        else:
+            idx = f"off{i}"
+        lines.append(f"{ind}in{i}_v = in{i}[{idx}]")
+    return lines, sorted(set(ints), key=ints.index)
+
+
+def loop_source(k: Kernel, fn: str) -> tuple[str, Params]:
+    rank = len(k.domain)
+    dnames = [f"s{d}" for d in range(rank)]
+    ind = "        "
+    reads, ints = _operand_reads(k, "i", rank, dnames, ind)
+    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
+    result, _ = body.emit(k.body)
+    uses_shape = any(o.indexing == "strided" for o in k.inputs)
+    params = Params(["out", *[f"in{i}" for i in range(len(k.inputs))]],
+                    ["n", *(dnames if uses_shape else []), *ints])
+    lines = [f"def {fn}({params.signature()}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:"]
+    lines += reads + [ind + ln for ln in body.lines]
+    lines.append(f"{ind}out[i] = {NUMBA_TYPE[k.dtype]}({result})")
+    lines.append(f"{ind}i += step")
+    return "\n".join(lines), params
+
+
+def reduce_layout(k: Kernel) -> tuple[int, int, int]:
+    """(outer, reduce, inner) of a reduction over a contiguous run of axes."""
+    dims = sorted(k.attrs["dims"])
+    if dims != list(range(dims[0], dims[-1] + 1)):
+        raise KernelError(f"reduction over non-adjacent axes {dims} (permute first)")
+    shape = k.domain
+    outer = math.prod(shape[: dims[0]])
+    red = math.prod(shape[dims[0]: dims[-1] + 1])
+    inner = math.prod(shape[dims[-1] + 1:])
+    return outer, red, inner
+
+
+def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
+    """A row (warp or block per row) or column reduction kernel; returns its style too."""
+    outer, red, inner = reduce_layout(k)
+    rank = len(k.domain)
+    dnames = [f"s{d}" for d in range(rank)]
+    kind = k.attrs["reduce"]
+    acc_t = _acc_dtype(k)
+    T = NUMBA_TYPE[acc_t]
+    ident = _identity(kind, acc_t)
+    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
+    result, _ = body.emit(k.body)
+    uses_shape = any(o.indexing == "strided" for o in k.inputs)
+    if inner == 1:
+        style = "row-warp" if red < ROW_WARP_LIMIT else "row-block"
+    else:
+        style = "column"
+    ind = "        "
+    reads, ints = _operand_reads(k, "f", rank, dnames, ind)
+    params = Params(["out", *[f"in{i}" for i in range(len(k.inputs))]],
+                    ["outer", "red", "inner", *(dnames if uses_shape else []), *ints])
+    finish = (f"acc / {T}(red)" if kind == "mean" else "acc")
+    lines = [f"def {fn}({params.signature()}):"]
+    val = [f"{ind}v = {T}({result})"]
+    if style == "row-warp":
+        # one warp per row, 8 rows per block
+        lines += ["    lane = cuda.threadIdx.x % 32",
+                  "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
+                  f"    acc = {ident}",
+                  "    if row < outer:",
+                  "        r = lane",
+                  "        while r < red:",
+                  "            f = row * red + r"]
+        lines += ["    " + ln for ln in reads + [ind + b for b in body.lines] + val]
+        lines += [f"            acc = {_combine(kind, 'acc', 'v')}",
+                  "            r += 32",
+                  "    off = 16",
+                  "    while off > 0:",
+                  f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+                  "        off //= 2",
+                  "    if lane == 0 and row < outer:",
+                  f"        out[row] = {NUMBA_TYPE[k.dtype]}({finish})"]
+    elif style == "row-block":
+        lines += ["    row = cuda.blockIdx.x",
+                  "    tid = cuda.threadIdx.x",
+                  f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+                  f"    acc = {ident}",
+                  "    r = tid",
+                  "    while r < red:",
+                  "        f = row * red + r"]
+        lines += reads + [ind + b for b in body.lines] + val
+        lines += [f"        acc = {_combine(kind, 'acc', 'v')}",
+                  f"        r += {THREADS}",
+                  "    off = 16",
+                  "    while off > 0:",
+                  f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+                  "        off //= 2",
+                  "    if tid % 32 == 0:",
+                  "        part[tid // 32] = acc",
+                  "    cuda.syncthreads()",
+                  "    if tid < 32:",
+                  f"        acc = part[tid] if tid < 8 else {ident}",
+                  "        off = 16",
+                  "        while off > 0:",
+                  f"            acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+                  "            off //= 2",
+                  "        if tid == 0:",
+                  f"            out[row] = {NUMBA_TYPE[k.dtype]}({finish})"]
+    else:
+        # 32 consecutive outputs per block (coalesced along inner), 8 threads down each
+        lines += ["    tx = cuda.threadIdx.x % 32",
+                  "    ty = cuda.threadIdx.x // 32",
+                  "    p = cuda.blockIdx.x * 32 + tx",
+                  f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+                  f"    acc = {ident}",
+                  "    if p < outer * inner:",
+                  "        o = p // inner",
+                  "        c = p % inner",
+                  "        r = ty",
+                  "        while r < red:",
+                  "            f = (o * red + r) * inner + c"]
+        lines += ["    " + ln for ln in reads + [ind + b for b in body.lines] + val]
+        lines += [f"            acc = {_combine(kind, 'acc', 'v')}",
+                  "            r += 8",
+                  "    part[cuda.threadIdx.x] = acc",
+                  "    cuda.syncthreads()",
+                  "    if ty == 0 and p < outer * inner:",
+                  "        for j in range(1, 8):",
+                  f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
+                  f"        out[p] = {NUMBA_TYPE[k.dtype]}({finish})"]
+    return "\n".join(lines), params, style
+
+
+def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
+    """A strided copy into a packed output, by element width (bytes) and rank."""
+    dnames = [f"s{d}" for d in range(rank)]
+    lines = [f"def {fn}(out, src, n, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:",
+             "        rem = i",
+             "        off = 0"]
+    for d in reversed(range(rank)):
+        lines += [f"        off += (rem % s{d}) * st{d}", f"        rem = rem // s{d}"]
+    if width == 16:
+        lines += ["        out[2 * i] = src[2 * off]", "        out[2 * i + 1] = src[2 * off + 1]"]
+    else:
+        lines += ["        out[i] = src[off]"]
+    lines += ["        i += step"]
+    return "\n".join(lines), Params(["out", "src"],
+                                    ["n", *dnames, *[f"st{d}" for d in range(rank)]])
+
+
+COPY_TYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "uint64"}
+
+
+@dataclass
+class Generated:
+    name: str
+    source: str  # a module defining the kernel function (no decorator)
+    params: Params
+    pointer_types: list[str]  # numba scalar type of each pointer parameter
+    style: str = "loop"
+
+
+def generate(k: Kernel) -> Generated:
+    digest = hashlib.sha256(repr((k.kind, k.body, len(k.domain), k.dtype, k.attrs,
+                                  [(o.dtype, o.indexing) for o in k.inputs])).encode())
+    fn = f"{k.kind}_{digest.hexdigest()[:12]}"
+    bad = [d for d in [k.dtype, *(o.dtype for o in k.inputs)] if d not in NUMBA_SCALAR]
+    if bad:
+        raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
+    if k.kind == "loop":
+        body, params = loop_source(k, fn)
+        style = "loop"
+    elif k.kind == "reduce":
+        body, params, style = reduce_source(k, fn)
+    else:
+        raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
+    src = ("# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
+           "from numba import cuda\n" + HELPERS + "\n\n" + body + "\n")
+    ptypes = [NUMBA_SCALAR[k.dtype], *(NUMBA_SCALAR[o.dtype] for o in k.inputs)]
+    return Generated(fn, src, params, ptypes, style)
+
+
+def generate_copy(width: int, rank: int) -> Generated:
+    fn = f"copy_w{width}_r{rank}"
+    body, params = copy_source(width, rank, fn)
+    src = ("# generated by saturn.codegen.cuda\nimport numba\nfrom numba import cuda\n\n\n"
+           + body + "\n")
+    t = COPY_TYPES[width]
+    return Generated(fn, src, params, [t, t], "copy")
+
+
+# --- launch geometry -----------------------------------------------------------------
+
+
+def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[int, int]:
+    """(blocks, threads per block) for a launch with these sizes."""
+    if g.style in ("loop", "copy"):
+        n = sizes["n"]
+        return max(1, min(math.ceil(n / THREADS), sm_count * 32)), THREADS
+    if g.style == "row-warp":
+        return max(1, math.ceil(sizes["outer"] / 8)), THREADS
+    if g.style == "row-block":
+        return max(1, sizes["outer"]), THREADS
+    return max(1, math.ceil(sizes["outer"] * sizes["inner"] / 32)), THREADS
+
+
+def size_args(g: Generated, k: Kernel, shapes: list[tuple[int, ...]],
+              strides: list[tuple[int, ...]]) -> dict[str, int]:
+    """The int64 parameters of a launch, from the operands' actual shapes and strides
+    (in elements). Raises when an operand does not fit what the kernel was built for."""
+    domain = tuple(k.domain)
+    vals: dict[str, int] = {f"s{d}": s for d, s in enumerate(domain)}
+    if k.kind == "loop":
+        vals["n"] = math.prod(domain)
+    else:
+        vals["outer"], vals["red"], vals["inner"] = reduce_layout(k)
+    total = math.prod(domain)
+    for i, (o, shp, st) in enumerate(zip(k.inputs, shapes, strides, strict=True)):
+        if tuple(shp) != tuple(o.shape):
+            raise KernelError(f"operand {i} has shape {list(shp)}, kernel built for {list(o.shape)}")
+        numel = math.prod(shp)
+        if o.indexing == "trailing":
+            vals[f"m{i}"] = numel
+        elif o.indexing == "leading":
+            vals[f"r{i}"] = total // numel if numel else 1
+        elif o.indexing == "strided":
+            pad = len(domain) - len(shp)
+            for d in range(len(domain)):
+                a = d - pad
+                vals[f"st{i}_{d}"] = 0 if a < 0 or shp[a] == 1 else st[a]
+    return vals
+
+
+# --- compilation and loading -----------------------------------------------------------
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, object] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SATURN_CACHE_DIR")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
+                                        ) / "saturn"
+    return base / "cuda-kernels"
+
+
+def python_function(g: Generated):
+    """The kernel's Python function, from a real file (Numba reads source from files)."""
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(g.source.encode()).hexdigest()[:20]
+    path = d / f"src_{key}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(g.source)
+        tmp.replace(path)
+    import importlib.util
+    import sys
+
+    name = f"saturn_cuda_src_{key}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return getattr(sys.modules[name], g.name)
+
+
+def signature(g: Generated):
+    from numba import types
+
+    ptrs = [types.CPointer(getattr(types, t)) for t in g.pointer_types]
+    return tuple(ptrs + [types.int64] * len(g.params.ints))
+
+
+def ptx(g: Generated, cc: tuple[int, int]) -> str:
+    from numba import cuda
+
+    text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
+    return text
+
+
+def entry_name(ptx_text: str) -> str:
+    m = re.search(r"\.visible \.entry (\S+)\(", ptx_text)
+    if not m:
+        raise KernelError("no kernel entry in the generated PTX")
+    return m.group(1)
+
+
+def _versions() -> str:
+    import numba
+
+    try:
+        import numba_cuda
+
+        nc = numba_cuda.__version__
+    except Exception:  # pragma: no cover - older layouts
+        nc = "?"
+    from cuda.bindings import driver
+
+    _, drv = driver.cuDriverGetVersion()
+    return f"numba {numba.__version__} numba-cuda {nc} driver {drv}"
+
+
+def load(g: Generated, cc: tuple[int, int]):
+    """A cuda.core Kernel for ``g`` on the current context (cubin cached on disk)."""
+    key = (g.source, cc)
+    with _LOCK:
+        if key in _KERNELS:
+            return _KERNELS[key]
+        from cuda.core import Linker, LinkerOptions, ObjectCode
+
+        digest = hashlib.sha256(f"{g.source}|{cc}|{_versions()}".encode()).hexdigest()[:24]
+        d = cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        cubin_path = d / f"k_{digest}_sm{cc[0]}{cc[1]}.cubin"
+        name_path = cubin_path.with_suffix(".name")
+        if cubin_path.exists() and name_path.exists():
+            code = ObjectCode.from_cubin(cubin_path.read_bytes())
+            entry = name_path.read_text()
+        else:
+            text = ptx(g, cc)
+            entry = entry_name(text)
+            linker = Linker(ObjectCode.from_ptx(text),
+                            options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
+            code = linker.link("cubin")
+            tmp = cubin_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(code.code)
+            tmp.replace(cubin_path)
+            name_path.write_text(entry)
+        kernel = code.get_kernel(entry)
+        _KERNELS[key] = kernel
+        return kernel
+
+
+class _Stream:
+    """saturn's stream, handed to cuda.core by the stream protocol."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class CudaKernel:
+    """A compiled kernel ready to launch on saturn's stream with pointers and sizes."""
+
+    def __init__(self, k: Kernel, cc: tuple[int, int]):
+        self.k = k
+        self.g = generate(k)
+        self.kernel = load(self.g, cc)
+
+    def launch(self, stream: int, out_ptr: int, in_ptrs: list[int],
+               shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]]) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        sizes = size_args(self.g, self.k, shapes, strides)
+        blocks, threads = grid_for(self.g, sizes)
+        args = [np.uint64(out_ptr), *(np.uint64(p) for p in in_ptrs),
+                *(np.int64(sizes[name]) for name in self.g.params.ints)]
+        launch(_Stream(stream), LaunchConfig(grid=blocks, block=threads), self.kernel, *args)
+
+
+class CopyKernel:
+    """The strided copy kernel for one element width and rank."""
+
+    def __init__(self, width: int, rank: int, cc: tuple[int, int]):
+        self.g = generate_copy(width, rank)
+        self.width, self.rank = width, rank
+        self.kernel = load(self.g, cc)
+
+    def launch(self, stream: int, out_ptr: int, src_ptr: int, shape, strides) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        n = math.prod(shape)
+        if n == 0:
+            return
+        blocks, threads = grid_for(self.g, {"n": n})
+        args = [np.uint64(out_ptr), np.uint64(src_ptr), np.int64(n),
+                *(np.int64(s) for s in shape), *(np.int64(s) for s in strides)]
+        launch(_Stream(stream), LaunchConfig(grid=blocks, block=threads), self.kernel, *args)

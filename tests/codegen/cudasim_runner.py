@@ -1,0 +1,143 @@
+"""Run the CUDA emitter's kernels under Numba's CUDA simulator (no GPU) and compare them
+with the numpy reference. Run as a script with NUMBA_ENABLE_CUDASIM=1 (the test does)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
+
+import threading  # noqa: E402
+
+from numba import cuda  # noqa: E402
+from numba.cuda.simulator import kernelapi  # noqa: E402
+
+
+def _install_warp_shuffle() -> None:
+    """The simulator has no warp shuffles; give it shfl_down_sync for whole warps (every
+    kernel here calls it with all 32 lanes together), exchanging values through a barrier."""
+    lock = threading.Lock()
+    warps: dict[tuple, dict] = {}
+
+    def shfl_down_sync(self, mask, value, delta):
+        t = threading.current_thread()
+        key = (id(t._manager), t.thread_id // 32)
+        with lock:
+            w = warps.setdefault(key, {"barrier": threading.Barrier(32), "vals": [None] * 32})
+        lane = t.thread_id % 32
+        w["vals"][lane] = value
+        w["barrier"].wait()
+        src = lane + delta
+        out = w["vals"][src] if src < 32 else value
+        w["barrier"].wait()
+        return out
+
+    kernelapi.FakeCUDAModule.shfl_down_sync = shfl_down_sync
+
+
+_install_warp_shuffle()
+
+from saturn.codegen import cuda as cg  # noqa: E402
+from saturn.eqsat import evaluate as ev  # noqa: E402
+from saturn.eqsat.graph import parse_graph  # noqa: E402
+from saturn.eqsat.pipeline import compile_graph  # noqa: E402
+
+GRAPHS = {
+    "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
+                   "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
+    "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n(let r (Mul (Add x b) (Scalar -0.5 f32)))\n(output r)",
+    "leading_strided": "(input x f64 [3 4 5])\n(input c f64 [3 1 1])\n(input d f64 [1 4 1])\n"
+                       "(let r (Sub (Mul x c) d))\n(output r)",
+    "permuted": "(input x f32 [6 5])\n(let r (Exp (Permute x [1 0])))\n(output r)",
+    "ints": "(input x i32 [33])\n(input y i32 [33])\n(let r (Maximum (Add x y) (Neg y)))\n(output r)",
+    "int64_where": "(input c bool [17])\n(input x i64 [17])\n(input y i64 [17])\n"
+                   "(let r (Where c x (Abs y)))\n(output r)",
+    "row_sum_sq": "(input x f32 [9 40])\n(let r (Sum (Mul x x) [1] 1))\n(output r)",
+    "row_max_long": "(input x f32 [2 1100])\n(let r (Amax x [1] 0))\n(output r)",
+    "col_mean": "(input x f32 [30 9])\n(let r (Mean x [0] 0))\n(output r)",
+    "mid_prod": "(input x f64 [3 4 5])\n(let r (Prod x [1] 0))\n(output r)",
+    "int_sum_widens": "(input x i32 [6 50])\n(let r (Sum x [0 1] 0))\n(output r)",
+    "bool_sum": "(input x bool [40])\n(let r (Sum x [0] 0))\n(output r)",
+    "softmax": "(input x f32 [4 33])\n(let r (Softmax x 1))\n(output r)",
+    "min_nan": "(input x f32 [3 20])\n(let r (Amin x [1] 0))\n(output r)",
+}
+
+
+def rand(rng, shape, dtype):
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("i32", "i64"):
+        return rng.integers(-9, 9, size=shape).astype(ev.np_dtype(dtype))
+    x = rng.standard_normal(shape) + 0.1
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
+    x = np.where(rng.random(shape) < 0.08, rng.choice(special, size=shape), x)
+    return x.astype(ev.np_dtype(dtype))
+
+
+def run_kernel(step, arrays):
+    k = step.kernel
+    g = cg.generate(k)
+    fn = cuda.jit(cg.python_function(g))
+    shapes = [a.shape for a in arrays]
+    strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
+    sizes = cg.size_args(g, k, shapes, strides)
+    blocks, threads = cg.grid_for(g, sizes, sm_count=2)
+    out = np.full(max(math.prod(step.shape), 1), np.nan if step.dtype in ("f32", "f64") else 7,
+                  dtype=ev.np_dtype(step.dtype))  # poisoned
+    flats = []
+    for a in arrays:
+        # the kernel sees the operand's memory from its first element, with its strides
+        base = np.lib.stride_tricks.as_strided(a, (a.size,), (a.itemsize,)) if a.size else a
+        flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a))
+    fn[blocks, threads](out, *flats, *[sizes[n] for n in g.params.ints])
+    return out.reshape(step.shape)
+
+
+def _strided(a) -> bool:
+    return not a.flags.c_contiguous
+
+
+def base_of(a: np.ndarray) -> np.ndarray:
+    span = sum((s - 1) * st for s, st in zip(a.shape, a.strides, strict=True)) // a.itemsize + 1
+    return np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    failures = 0
+    for name, text in GRAPHS.items():
+        graph = parse_graph(text + "\n", name)
+        prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+        inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
+        env = {}
+        by_input = {v: k for k, v in prog.inputs.items()}
+        ran = 0
+        for s in prog.steps:
+            if s.kind == "input":
+                env[s.output] = inputs[by_input[s.output]]
+            elif s.kind == "kernel":
+                env[s.output] = run_kernel(s, [env[o.value] for o in s.kernel.inputs])
+                ran += 1
+            elif s.kind == "view":
+                env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+            else:
+                raise SystemExit(f"{name}: unexpected step {s.kind}")
+        want = ev.eval_graph(graph, inputs)
+        got = [env[o] for o in prog.outputs]
+        for w, g in zip(want, got, strict=True):
+            try:
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+            except AssertionError as e:
+                failures += 1
+                print(f"FAIL {name}: {e}")
+        print(f"ok {name}: {ran} kernel(s)" if ran else f"FAIL {name}: no kernel ran")
+        failures += ran == 0
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
