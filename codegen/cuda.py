@@ -35,12 +35,29 @@ from .expr import NUMBA_TYPE, BodyWriter
 
 THREADS = 256
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
-NUMPY = {"bool": np.bool_, "u8": np.uint8, "i8": np.int8, "i16": np.int16, "i32": np.int32,
-         "i64": np.int64, "f16": np.float16, "f32": np.float32, "f64": np.float64}
-NUMBA_SCALAR = {"bool": "boolean", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
-                "i64": "int64", "f32": "float32", "f64": "float64"}
+NUMPY = {
+    "bool": np.bool_,
+    "u8": np.uint8,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+}
+NUMBA_SCALAR = {
+    "bool": "boolean",
+    "u8": "uint8",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "f32": "float32",
+    "f64": "float64",
+}
 
-HELPERS = '''
+HELPERS = """
 @cuda.jit(device=True, inline="always")
 def max_nan(a, b):
     if a != a:
@@ -57,7 +74,7 @@ def min_nan(a, b):
     if b != b:
         return b
     return a if a < b else b
-'''
+"""
 
 
 class KernelError(RuntimeError):
@@ -69,8 +86,13 @@ def _acc_dtype(k: Kernel) -> str:
 
 
 def _combine(kind: str, a: str, b: str) -> str:
-    return {"sum": f"{a} + {b}", "mean": f"{a} + {b}", "prod": f"{a} * {b}",
-            "max": f"max_nan({a}, {b})", "min": f"min_nan({a}, {b})"}[kind]
+    return {
+        "sum": f"{a} + {b}",
+        "mean": f"{a} + {b}",
+        "prod": f"{a} * {b}",
+        "max": f"max_nan({a}, {b})",
+        "min": f"min_nan({a}, {b})",
+    }[kind]
 
 
 def _identity(kind: str, dtype: str) -> str:
@@ -96,8 +118,9 @@ class Params:
         return ", ".join(self.pointers + self.ints)
 
 
-def _operand_reads(k: Kernel, flat_index: str, rank: int, domain_names: list[str],
-                   ind: str) -> tuple[list[str], list[str]]:
+def _operand_reads(
+    k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str
+) -> tuple[list[str], list[str]]:
     """Statements reading every operand at the domain's flat index; the int params used."""
     lines, ints = [], []
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
@@ -136,12 +159,16 @@ def loop_source(k: Kernel, fn: str) -> tuple[str, Params]:
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
     result, _ = body.emit(k.body)
     uses_shape = any(o.indexing == "strided" for o in k.inputs)
-    params = Params(["out", *[f"in{i}" for i in range(len(k.inputs))]],
-                    ["n", *(dnames if uses_shape else []), *ints])
-    lines = [f"def {fn}({params.signature()}):",
-             "    i = cuda.grid(1)",
-             "    step = cuda.gridsize(1)",
-             "    while i < n:"]
+    params = Params(
+        ["out", *[f"in{i}" for i in range(len(k.inputs))]],
+        ["n", *(dnames if uses_shape else []), *ints],
+    )
+    lines = [
+        f"def {fn}({params.signature()}):",
+        "    i = cuda.grid(1)",
+        "    step = cuda.gridsize(1)",
+        "    while i < n:",
+    ]
     lines += reads + [ind + ln for ln in body.lines]
     lines.append(f"{ind}out[i] = {NUMBA_TYPE[k.dtype]}({result})")
     lines.append(f"{ind}i += step")
@@ -155,8 +182,8 @@ def reduce_layout(k: Kernel) -> tuple[int, int, int]:
         raise KernelError(f"reduction over non-adjacent axes {dims} (permute first)")
     shape = k.domain
     outer = math.prod(shape[: dims[0]])
-    red = math.prod(shape[dims[0]: dims[-1] + 1])
-    inner = math.prod(shape[dims[-1] + 1:])
+    red = math.prod(shape[dims[0] : dims[-1] + 1])
+    inner = math.prod(shape[dims[-1] + 1 :])
     return outer, red, inner
 
 
@@ -178,89 +205,105 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
         style = "column"
     ind = "        "
     reads, ints = _operand_reads(k, "f", rank, dnames, ind)
-    params = Params(["out", *[f"in{i}" for i in range(len(k.inputs))]],
-                    ["outer", "red", "inner", *(dnames if uses_shape else []), *ints])
-    finish = (f"acc / {T}(red)" if kind == "mean" else "acc")
+    params = Params(
+        ["out", *[f"in{i}" for i in range(len(k.inputs))]],
+        ["outer", "red", "inner", *(dnames if uses_shape else []), *ints],
+    )
+    finish = f"acc / {T}(red)" if kind == "mean" else "acc"
     lines = [f"def {fn}({params.signature()}):"]
     val = [f"{ind}v = {T}({result})"]
     if style == "row-warp":
         # one warp per row, 8 rows per block
-        lines += ["    lane = cuda.threadIdx.x % 32",
-                  "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
-                  f"    acc = {ident}",
-                  "    if row < outer:",
-                  "        r = lane",
-                  "        while r < red:",
-                  "            f = row * red + r"]
+        lines += [
+            "    lane = cuda.threadIdx.x % 32",
+            "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
+            f"    acc = {ident}",
+            "    if row < outer:",
+            "        r = lane",
+            "        while r < red:",
+            "            f = row * red + r",
+        ]
         lines += ["    " + ln for ln in reads + [ind + b for b in body.lines] + val]
-        lines += [f"            acc = {_combine(kind, 'acc', 'v')}",
-                  "            r += 32",
-                  "    off = 16",
-                  "    while off > 0:",
-                  f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
-                  "        off //= 2",
-                  "    if lane == 0 and row < outer:",
-                  f"        out[row] = {NUMBA_TYPE[k.dtype]}({finish})"]
+        lines += [
+            f"            acc = {_combine(kind, 'acc', 'v')}",
+            "            r += 32",
+            "    off = 16",
+            "    while off > 0:",
+            f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            "        off //= 2",
+            "    if lane == 0 and row < outer:",
+            f"        out[row] = {NUMBA_TYPE[k.dtype]}({finish})",
+        ]
     elif style == "row-block":
-        lines += ["    row = cuda.blockIdx.x",
-                  "    tid = cuda.threadIdx.x",
-                  f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-                  f"    acc = {ident}",
-                  "    r = tid",
-                  "    while r < red:",
-                  "        f = row * red + r"]
+        lines += [
+            "    row = cuda.blockIdx.x",
+            "    tid = cuda.threadIdx.x",
+            f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+            f"    acc = {ident}",
+            "    r = tid",
+            "    while r < red:",
+            "        f = row * red + r",
+        ]
         lines += reads + [ind + b for b in body.lines] + val
-        lines += [f"        acc = {_combine(kind, 'acc', 'v')}",
-                  f"        r += {THREADS}",
-                  "    off = 16",
-                  "    while off > 0:",
-                  f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
-                  "        off //= 2",
-                  "    if tid % 32 == 0:",
-                  "        part[tid // 32] = acc",
-                  "    cuda.syncthreads()",
-                  "    if tid < 32:",
-                  f"        acc = part[tid] if tid < 8 else {ident}",
-                  "        off = 16",
-                  "        while off > 0:",
-                  f"            acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
-                  "            off //= 2",
-                  "        if tid == 0:",
-                  f"            out[row] = {NUMBA_TYPE[k.dtype]}({finish})"]
+        lines += [
+            f"        acc = {_combine(kind, 'acc', 'v')}",
+            f"        r += {THREADS}",
+            "    off = 16",
+            "    while off > 0:",
+            f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            "        off //= 2",
+            "    if tid % 32 == 0:",
+            "        part[tid // 32] = acc",
+            "    cuda.syncthreads()",
+            "    if tid < 32:",
+            f"        acc = part[tid] if tid < 8 else {ident}",
+            "        off = 16",
+            "        while off > 0:",
+            f"            acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            "            off //= 2",
+            "        if tid == 0:",
+            f"            out[row] = {NUMBA_TYPE[k.dtype]}({finish})",
+        ]
     else:
         # 32 consecutive outputs per block (coalesced along inner), 8 threads down each
-        lines += ["    tx = cuda.threadIdx.x % 32",
-                  "    ty = cuda.threadIdx.x // 32",
-                  "    p = cuda.blockIdx.x * 32 + tx",
-                  f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-                  f"    acc = {ident}",
-                  "    if p < outer * inner:",
-                  "        o = p // inner",
-                  "        c = p % inner",
-                  "        r = ty",
-                  "        while r < red:",
-                  "            f = (o * red + r) * inner + c"]
+        lines += [
+            "    tx = cuda.threadIdx.x % 32",
+            "    ty = cuda.threadIdx.x // 32",
+            "    p = cuda.blockIdx.x * 32 + tx",
+            f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+            f"    acc = {ident}",
+            "    if p < outer * inner:",
+            "        o = p // inner",
+            "        c = p % inner",
+            "        r = ty",
+            "        while r < red:",
+            "            f = (o * red + r) * inner + c",
+        ]
         lines += ["    " + ln for ln in reads + [ind + b for b in body.lines] + val]
-        lines += [f"            acc = {_combine(kind, 'acc', 'v')}",
-                  "            r += 8",
-                  "    part[cuda.threadIdx.x] = acc",
-                  "    cuda.syncthreads()",
-                  "    if ty == 0 and p < outer * inner:",
-                  "        for j in range(1, 8):",
-                  f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
-                  f"        out[p] = {NUMBA_TYPE[k.dtype]}({finish})"]
+        lines += [
+            f"            acc = {_combine(kind, 'acc', 'v')}",
+            "            r += 8",
+            "    part[cuda.threadIdx.x] = acc",
+            "    cuda.syncthreads()",
+            "    if ty == 0 and p < outer * inner:",
+            "        for j in range(1, 8):",
+            f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
+            f"        out[p] = {NUMBA_TYPE[k.dtype]}({finish})",
+        ]
     return "\n".join(lines), params, style
 
 
 def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
     """A strided copy into a packed output, by element width (bytes) and rank."""
     dnames = [f"s{d}" for d in range(rank)]
-    lines = [f"def {fn}(out, src, n, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
-             "    i = cuda.grid(1)",
-             "    step = cuda.gridsize(1)",
-             "    while i < n:",
-             "        rem = i",
-             "        off = 0"]
+    lines = [
+        f"def {fn}(out, src, n, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
+        "    i = cuda.grid(1)",
+        "    step = cuda.gridsize(1)",
+        "    while i < n:",
+        "        rem = i",
+        "        off = 0",
+    ]
     for d in reversed(range(rank)):
         lines += [f"        off += (rem % s{d}) * st{d}", f"        rem = rem // s{d}"]
     if width == 16:
@@ -268,8 +311,9 @@ def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
     else:
         lines += ["        out[i] = src[off]"]
     lines += ["        i += step"]
-    return "\n".join(lines), Params(["out", "src"],
-                                    ["n", *dnames, *[f"st{d}" for d in range(rank)]])
+    return "\n".join(lines), Params(
+        ["out", "src"], ["n", *dnames, *[f"st{d}" for d in range(rank)]]
+    )
 
 
 COPY_TYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "uint64"}
@@ -285,8 +329,18 @@ class Generated:
 
 
 def generate(k: Kernel) -> Generated:
-    digest = hashlib.sha256(repr((k.kind, k.body, len(k.domain), k.dtype, k.attrs,
-                                  [(o.dtype, o.indexing) for o in k.inputs])).encode())
+    digest = hashlib.sha256(
+        repr(
+            (
+                k.kind,
+                k.body,
+                len(k.domain),
+                k.dtype,
+                k.attrs,
+                [(o.dtype, o.indexing) for o in k.inputs],
+            )
+        ).encode()
+    )
     fn = f"{k.kind}_{digest.hexdigest()[:12]}"
     bad = [d for d in [k.dtype, *(o.dtype for o in k.inputs)] if d not in NUMBA_SCALAR]
     if bad:
@@ -298,8 +352,10 @@ def generate(k: Kernel) -> Generated:
         body, params, style = reduce_source(k, fn)
     else:
         raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
-    src = ("# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
-           "from numba import cuda\n" + HELPERS + "\n\n" + body + "\n")
+    src = (
+        "# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
+        "from numba import cuda\n" + HELPERS + "\n\n" + body + "\n"
+    )
     ptypes = [NUMBA_SCALAR[k.dtype], *(NUMBA_SCALAR[o.dtype] for o in k.inputs)]
     return Generated(fn, src, params, ptypes, style)
 
@@ -307,8 +363,11 @@ def generate(k: Kernel) -> Generated:
 def generate_copy(width: int, rank: int) -> Generated:
     fn = f"copy_w{width}_r{rank}"
     body, params = copy_source(width, rank, fn)
-    src = ("# generated by saturn.codegen.cuda\nimport numba\nfrom numba import cuda\n\n\n"
-           + body + "\n")
+    src = (
+        "# generated by saturn.codegen.cuda\nimport numba\nfrom numba import cuda\n\n\n"
+        + body
+        + "\n"
+    )
     t = COPY_TYPES[width]
     return Generated(fn, src, params, [t, t], "copy")
 
@@ -328,8 +387,9 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
     return max(1, math.ceil(sizes["outer"] * sizes["inner"] / 32)), THREADS
 
 
-def size_args(g: Generated, k: Kernel, shapes: list[tuple[int, ...]],
-              strides: list[tuple[int, ...]]) -> dict[str, int]:
+def size_args(
+    g: Generated, k: Kernel, shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]]
+) -> dict[str, int]:
     """The int64 parameters of a launch, from the operands' actual shapes and strides
     (in elements). Raises when an operand does not fit what the kernel was built for."""
     domain = tuple(k.domain)
@@ -341,7 +401,9 @@ def size_args(g: Generated, k: Kernel, shapes: list[tuple[int, ...]],
     total = math.prod(domain)
     for i, (o, shp, st) in enumerate(zip(k.inputs, shapes, strides, strict=True)):
         if tuple(shp) != tuple(o.shape):
-            raise KernelError(f"operand {i} has shape {list(shp)}, kernel built for {list(o.shape)}")
+            raise KernelError(
+                f"operand {i} has shape {list(shp)}, kernel built for {list(o.shape)}"
+            )
         numel = math.prod(shp)
         if o.indexing == "trailing":
             vals[f"m{i}"] = numel
@@ -363,8 +425,11 @@ _KERNELS: dict[tuple, object] = {}
 
 def cache_dir() -> Path:
     root = os.environ.get("SATURN_CACHE_DIR")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
-                                        ) / "saturn"
+    base = (
+        Path(root)
+        if root
+        else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "saturn"
+    )
     return base / "cuda-kernels"
 
 
@@ -445,8 +510,9 @@ def load(g: Generated, cc: tuple[int, int]):
         else:
             text = ptx(g, cc)
             entry = entry_name(text)
-            linker = Linker(ObjectCode.from_ptx(text),
-                            options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
+            linker = Linker(
+                ObjectCode.from_ptx(text), options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}")
+            )
             code = linker.link("cubin")
             tmp = cubin_path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(code.code)
@@ -475,14 +541,23 @@ class CudaKernel:
         self.g = generate(k)
         self.kernel = load(self.g, cc)
 
-    def launch(self, stream: int, out_ptr: int, in_ptrs: list[int],
-               shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]]) -> None:
+    def launch(
+        self,
+        stream: int,
+        out_ptr: int,
+        in_ptrs: list[int],
+        shapes: list[tuple[int, ...]],
+        strides: list[tuple[int, ...]],
+    ) -> None:
         from cuda.core import LaunchConfig, launch
 
         sizes = size_args(self.g, self.k, shapes, strides)
         blocks, threads = grid_for(self.g, sizes)
-        args = [np.uint64(out_ptr), *(np.uint64(p) for p in in_ptrs),
-                *(np.int64(sizes[name]) for name in self.g.params.ints)]
+        args = [
+            np.uint64(out_ptr),
+            *(np.uint64(p) for p in in_ptrs),
+            *(np.int64(sizes[name]) for name in self.g.params.ints),
+        ]
         launch(_Stream(stream), LaunchConfig(grid=blocks, block=threads), self.kernel, *args)
 
 
@@ -501,6 +576,11 @@ class CopyKernel:
         if n == 0:
             return
         blocks, threads = grid_for(self.g, {"n": n})
-        args = [np.uint64(out_ptr), np.uint64(src_ptr), np.int64(n),
-                *(np.int64(s) for s in shape), *(np.int64(s) for s in strides)]
+        args = [
+            np.uint64(out_ptr),
+            np.uint64(src_ptr),
+            np.int64(n),
+            *(np.int64(s) for s in shape),
+            *(np.int64(s) for s in strides),
+        ]
         launch(_Stream(stream), LaunchConfig(grid=blocks, block=threads), self.kernel, *args)

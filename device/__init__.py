@@ -20,6 +20,7 @@ torch._register_device_module("saturn", device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
+from . import eager_kernels  # noqa: E402, F401 - registers clone for saturn tensors
 from .explain import explain  # noqa: E402
 
 device_count = device_module.device_count

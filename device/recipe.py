@@ -72,16 +72,35 @@ class Recipe:
     host_calls: dict[str, HostCall]
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
+    stream: int = 0  # the device's stream (GPU targets)
     last: CallStats = field(default_factory=CallStats)
     _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- compile time ---------------------------------------------------------------
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.index is not None and self.device.index >= 1
+
     def prepare(self) -> None:
-        """Compile every kernel before the first call."""
-        if self.device.index is not None and self.device.index >= 1:
-            raise NotImplementedError("GPU kernels need the CUDA emitter")
+        """Compile (or load from the cache) every kernel before the first call."""
+        if self.on_gpu:
+            from saturn.codegen import cuda
+
+            cc = torch.saturn.get_device_capability(self.device)
+            with torch.saturn.device(self.device):
+                for s in self.program.steps:
+                    if s.kind != "kernel":
+                        continue
+                    if s.kernel.kind not in ("loop", "reduce"):
+                        raise NotImplementedError(
+                            f"{s.kernel.kind} kernels on the GPU need library plans "
+                            "(nvmath, cuDNN), not built yet"
+                        )
+                    self.kernels[s.output] = cuda.CudaKernel(s.kernel, cc)
+            self.stream = torch.saturn.stream_handle(self.device)
+            return
         for s in self.program.steps:
             if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
                 self.kernels[s.output] = cpu.load(s.kernel)

@@ -19,8 +19,9 @@ from saturn.eqsat.pipeline import compile_graph
 def test_kernels_under_the_cuda_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     runner = Path(__file__).with_name("cudasim_runner.py")
-    proc = subprocess.run([sys.executable, str(runner)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(runner)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") >= 14, proc.stdout
 
@@ -30,13 +31,16 @@ def kernels_of(text: str):
     return prog.kernels
 
 
-@pytest.mark.parametrize("text", [
-    "(input a f32 [64])\n(input b f32 [64])\n(input c f32 [64])\n"
-    "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)\n",
-    "(input x f32 [8 64])\n(let r (GeluTanh (Mul x (Scalar 0.125 f32))))\n(output r)\n",
-    "(input x f32 [8 64])\n(let r (Softmax x 1))\n(output r)\n",
-    "(input x f32 [64 8])\n(let r (Mean (Mul x x) [0] 0))\n(output r)\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(input a f32 [64])\n(input b f32 [64])\n(input c f32 [64])\n"
+        "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)\n",
+        "(input x f32 [8 64])\n(let r (GeluTanh (Mul x (Scalar 0.125 f32))))\n(output r)\n",
+        "(input x f32 [8 64])\n(let r (Softmax x 1))\n(output r)\n",
+        "(input x f32 [64 8])\n(let r (Mean (Mul x x) [0] 0))\n(output r)\n",
+    ],
+)
 def test_float32_kernels_have_no_double_precision(text):
     for k in kernels_of(text):
         ptx = cg.ptx(cg.generate(k), (9, 0))
@@ -50,7 +54,9 @@ def test_float64_kernel_does_use_f64():
 
 
 def test_variables_are_named_after_values_and_constants_typed():
-    (k,) = kernels_of("(input x f32 [16])\n(let r (Sigmoid (Mul x (Scalar 0.5 f32))))\n(output r)\n")
+    (k,) = kernels_of(
+        "(input x f32 [16])\n(let r (Sigmoid (Mul x (Scalar 0.5 f32))))\n(output r)\n"
+    )
     src = cg.generate(k).source
     assert "mul_1 = in0_v * np.float32(0.5)" in src and "sigmoid_2 =" in src
 

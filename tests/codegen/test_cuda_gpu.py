@@ -1,0 +1,213 @@
+"""CUDA kernels on the GPU (marker gpu): every kernel kind against the reference, outputs
+poisoned before each launch, dtypes float32/float64/int32/int64/bool, NaN/inf/-0.0, odd
+sizes with tails; the strided copy kernel through clone/contiguous; a compiled graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import saturn
+from saturn.codegen import cuda as cg
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.pipeline import compile_graph
+from saturn.importer import TORCH_DTYPES
+
+pytestmark = pytest.mark.gpu
+GPU = "saturn:1"
+
+LOOPS = {
+    "f32": "(let r (Sigmoid (Relu (Add (Mul a b) c))))",
+    "f64": "(let r (Div (Exp (Neg a)) (Add (Abs b) (Scalar 1.5 f64))))",
+    "i32": "(let r (Maximum (Add a b) (Neg c)))",
+    "i64": "(let r (Where (Gt a b) (Sub a c) (Mul b (Scalar -3.0 i64))))",
+    "bool": "(let r (Where a b c))",
+}
+
+
+def rand(rng, shape, dtype):
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("i32", "i64"):
+        return rng.integers(-1000, 1000, size=shape).astype(ev.np_dtype(dtype))
+    x = rng.standard_normal(shape) * 2
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
+    x = np.where(rng.random(shape) < 0.02, rng.choice(special, size=shape), x)
+    return x.astype(ev.np_dtype(dtype))
+
+
+def run_on_gpu(graph_text: str, seed: int = 0):
+    graph = parse_graph(graph_text)
+    prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+    rng = np.random.default_rng(seed)
+    inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
+    cc = torch.saturn.get_device_capability(GPU)
+    stream = torch.saturn.stream_handle(GPU)
+    env = {}
+    by_input = {v: k for k, v in prog.inputs.items()}
+    launched = 0
+    for s in prog.steps:
+        if s.kind == "input":
+            env[s.output] = torch.from_numpy(inputs[by_input[s.output]]).to(GPU)
+        elif s.kind == "view":
+            from saturn.host_ops import run_host
+
+            env[s.output] = run_host(s.op, [env[s.args[0]]], s.attrs, {})
+        elif s.kind == "kernel":
+            k = s.kernel
+            dtype = TORCH_DTYPES[s.dtype]
+            poison = (
+                float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else -7)
+            )
+            out = torch.full(s.shape, poison, dtype=dtype).to(GPU)
+            ops = [env[o.value] for o in k.inputs]
+            ops = [
+                t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
+                for o, t in zip(k.inputs, ops, strict=True)
+            ]
+            with torch.saturn.device(GPU):
+                cg.CudaKernel(k, cc).launch(
+                    stream,
+                    out.data_ptr(),
+                    [t.data_ptr() for t in ops],
+                    [tuple(t.shape) for t in ops],
+                    [tuple(t.stride()) for t in ops],
+                )
+            env[s.output] = out
+            launched += 1
+        else:
+            raise AssertionError(f"unexpected step {s.kind}")
+    want = ev.eval_graph(graph, inputs)
+    got = [env[o].cpu().numpy() for o in prog.outputs]
+    return want, got, launched
+
+
+@pytest.mark.parametrize("dtype", list(LOOPS))
+@pytest.mark.parametrize("n", [1, 1000, 1_000_003])
+def test_fused_loop(dtype, n):
+    cond = "bool" if dtype == "bool" else dtype
+    text = (
+        f"(input a {cond} [{n}])\n(input b {dtype} [{n}])\n(input c {dtype} [{n}])\n"
+        f"{LOOPS[dtype]}\n(output r)\n"
+    )
+    want, got, launched = run_on_gpu(text)
+    assert launched == 1
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "shape,bias,indexing",
+    [
+        ((513, 1031), "[1031]", "trailing"),
+        ((513, 1031), "[513 1]", "leading"),
+        ((7, 129, 33), "[1 129 1]", "strided"),
+    ],
+)
+def test_broadcast_operands(shape, bias, indexing):
+    dims = " ".join(map(str, shape))
+    text = f"(input x f32 [{dims}])\n(input b f32 {bias})\n(let r (Tanh (Add x b)))\n(output r)\n"
+    graph = parse_graph(text)
+    (k,) = compile_graph(graph, machine="gpu", io_on_device=True).program.kernels
+    assert [o.indexing for o in k.inputs] == ["same", indexing]
+    want, got, _ = run_on_gpu(text)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_permuted_operand_reads_through_strides():
+    text = "(input x f32 [301 257])\n(let r (Exp (Permute x [1 0])))\n(output r)\n"
+    want, got, _ = run_on_gpu(text)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Amax", "Amin", "Prod"])
+@pytest.mark.parametrize(
+    "shape,dims",
+    [
+        ((37, 1500), "[1]"),  # long rows: a block per row
+        ((1031, 77), "[1]"),  # short rows: a warp per row
+        ((1500, 33), "[0]"),  # columns
+        ((9, 300, 17), "[1]"),  # middle axis
+        ((6, 5, 701), "[1 2]"),  # a run of axes
+    ],
+)
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "i64"])
+def test_reductions(op, shape, dims, dtype):
+    if op == "Mean" and dtype in ("i32", "i64"):
+        pytest.skip("mean of an integer tensor is an error in PyTorch")
+    dims_s = " ".join(map(str, shape))
+    prologue = "(Mul x (Scalar 0.5 {d}))" if op != "Prod" else "(Div x (Abs x))"
+    if dtype in ("i32", "i64"):
+        prologue = "x" if op != "Sum" else "(Mul x x)"
+    body = prologue.format(d=dtype)
+    text = f"(input x {dtype} [{dims_s}])\n(let r ({op} {body} {dims} 0))\n(output r)\n"
+    want, got, launched = run_on_gpu(text)
+    assert launched == 1
+    assert got[0].dtype == want[0].dtype
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_integer_sum_widens_and_bool_sums():
+    want, got, _ = run_on_gpu("(input x i32 [4099])\n(let r (Sum x [0] 0))\n(output r)\n")
+    assert got[0].dtype == np.int64 and got[0] == want[0]
+    want, got, _ = run_on_gpu("(input x bool [3 4099])\n(let r (Sum x [1] 0))\n(output r)\n")
+    assert got[0].dtype == np.int64 and (got[0] == want[0]).all()
+
+
+def test_max_propagates_nan():
+    x = np.random.default_rng(1).standard_normal((4, 3000)).astype(np.float32)
+    x[1, 2999] = np.nan
+    x[3, 0] = np.nan
+    t = torch.from_numpy(x).to(GPU)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(lambda t: t.amax(1), backend="saturn", dynamic=False)(t).cpu()
+    assert torch.isnan(got[1]) and torch.isnan(got[3]) and not torch.isnan(got[0])
+    torch.testing.assert_close(got, torch.from_numpy(x).amax(1), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint8,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int64,
+        torch.complex128,
+    ],
+)
+@pytest.mark.parametrize("rank", [1, 2, 3, 5, 8])
+def test_copy_kernel_through_contiguous(dtype, rank):
+    shape = [3, 5, 2, 4, 3, 2, 3, 2][:rank]
+    x = (torch.randn(*shape) * 5).to(dtype)
+    perm = list(reversed(range(rank)))
+    xs = x.to(GPU).permute(*perm)
+    before = saturn.fallback_counts()
+    y = xs.contiguous()
+    assert saturn.fallback_counts() == before, "no trip through the host fallback"
+    assert y.is_contiguous()
+    assert torch.equal(y.cpu(), x.permute(*perm).contiguous())
+
+
+def test_compiled_pointwise_and_reduction_graph_on_the_gpu():
+    torch._dynamo.reset()
+    x = torch.randn(257, 1031)
+    fn = torch.compile(
+        lambda x: (torch.sigmoid(x * 2 + 1).sum(1), torch.softmax(x, -1)),
+        backend="saturn",
+        options={"device": GPU},
+        dynamic=False,
+    )
+    with torch.no_grad():
+        before = saturn.fallback_counts()
+        s, p = fn(x.to(GPU))
+        assert saturn.fallback_counts() == before
+    torch.testing.assert_close(s.cpu(), torch.sigmoid(x * 2 + 1).sum(1), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(p.cpu(), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    from saturn.backend import CACHE
+
+    recipe = next(reversed(CACHE.items.values())).recipe
+    assert recipe.on_gpu and recipe.last.launches >= 3 and recipe.last.host_ops == 0
