@@ -61,7 +61,7 @@ def main() -> None:
     t = events_ms(lambda: dst.copy_(big))
     ceiling = 2 * big.numel() * 4 / t / 1e9
     rows.append(("copy 1 GiB d2d (torch)", t, ceiling))
-    del big, dst
+    big = dst = None  # free before the next case
 
     # the fused chain
     n = 64 << 20
@@ -86,14 +86,14 @@ def main() -> None:
     bytes_chain = 4 * n * 4
     for name, tt in (("chain eager", t_eager), ("chain inductor", t_ind), ("chain saturn", t_sat)):
         rows.append((name, tt, bytes_chain / tt / 1e9))
-    del a, b, c, sa, sb, sc, out
+    a = b = c = sa = sb = sc = out = None
 
     # reductions
     m = torch.randn(8192, 8192, device="cuda")
     sm = m.cpu().to(GPU)
     for label, dim, text_dims in (("row sum", 1, "[1]"), ("column sum", 0, "[0]")):
         t_torch = events_ms(lambda dim=dim: m.sum(dim))
-        kern, k = kernel_of(
+        kern, _ = kernel_of(
             f"(input x f32 [8192 8192])\n(let r (Sum x {text_dims} 0))\n(output r)\n"
         )
         o = torch.empty(8192, device=GPU)
@@ -119,7 +119,7 @@ def main() -> None:
     rows.append((f"transpose saturn copy kernel (match={ok})", t_s, 2 * m.numel() * 4 / t_s / 1e9))
 
     # host cost of one launch
-    kern, k = kernel_of("(input x f32 [1024])\n(let r (Exp x))\n(output r)\n")
+    kern, _ = kernel_of("(input x f32 [1024])\n(let r (Exp x))\n(output r)\n")
     x = torch.randn(1024).to(GPU)
     o = torch.empty(1024, device=GPU)
     host = []

@@ -189,12 +189,13 @@ def reduce_layout(k: Kernel) -> tuple[int, int, int]:
 
 def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
     """A row (warp or block per row) or column reduction kernel; returns its style too."""
-    outer, red, inner = reduce_layout(k)
+    _, red, inner = reduce_layout(k)
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
-    T = NUMBA_TYPE[acc_t]
+    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
+    acc_type = NUMBA_TYPE[acc_t]
     ident = _identity(kind, acc_t)
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
     result, _ = body.emit(k.body)
@@ -209,9 +210,9 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
         ["out", *[f"in{i}" for i in range(len(k.inputs))]],
         ["outer", "red", "inner", *(dnames if uses_shape else []), *ints],
     )
-    finish = f"acc / {T}(red)" if kind == "mean" else "acc"
+    finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
     lines = [f"def {fn}({params.signature()}):"]
-    val = [f"{ind}v = {T}({result})"]
+    val = [f"{ind}v = {acc_type}({result})"]
     if style == "row-warp":
         # one warp per row, 8 rows per block
         lines += [
@@ -229,7 +230,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             "            r += 32",
             "    off = 16",
             "    while off > 0:",
-            f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            f"        acc = {shfl}",
             "        off //= 2",
             "    if lane == 0 and row < outer:",
             f"        out[row] = {NUMBA_TYPE[k.dtype]}({finish})",
@@ -250,7 +251,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             f"        r += {THREADS}",
             "    off = 16",
             "    while off > 0:",
-            f"        acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            f"        acc = {shfl}",
             "        off //= 2",
             "    if tid % 32 == 0:",
             "        part[tid // 32] = acc",
@@ -259,7 +260,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             f"        acc = part[tid] if tid < 8 else {ident}",
             "        off = 16",
             "        while off > 0:",
-            f"            acc = {_combine(kind, 'acc', 'cuda.shfl_down_sync(0xFFFFFFFF, acc, off)')}",
+            f"            acc = {shfl}",
             "            off //= 2",
             "        if tid == 0:",
             f"            out[row] = {NUMBA_TYPE[k.dtype]}({finish})",

@@ -35,7 +35,9 @@ def is_non_overlapping_and_dense(x: torch.Tensor) -> bool:
     if x.numel() <= 1:
         return True
     expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz != 1):
+    for stride, size in sorted(
+        (st, sz) for sz, st in zip(x.shape, x.stride(), strict=True) if sz != 1
+    ):
         if stride != expected:
             return False
         expected *= size

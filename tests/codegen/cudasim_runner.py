@@ -49,11 +49,13 @@ from saturn.eqsat.pipeline import compile_graph  # noqa: E402
 GRAPHS = {
     "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
     "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
-    "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n(let r (Mul (Add x b) (Scalar -0.5 f32)))\n(output r)",
+    "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n"
+    "(let r (Mul (Add x b) (Scalar -0.5 f32)))\n(output r)",
     "leading_strided": "(input x f64 [3 4 5])\n(input c f64 [3 1 1])\n(input d f64 [1 4 1])\n"
     "(let r (Sub (Mul x c) d))\n(output r)",
     "permuted": "(input x f32 [6 5])\n(let r (Exp (Permute x [1 0])))\n(output r)",
-    "ints": "(input x i32 [33])\n(input y i32 [33])\n(let r (Maximum (Add x y) (Neg y)))\n(output r)",
+    "ints": "(input x i32 [33])\n(input y i32 [33])\n"
+    "(let r (Maximum (Add x y) (Neg y)))\n(output r)",
     "int64_where": "(input c bool [17])\n(input x i64 [17])\n(input y i64 [17])\n"
     "(let r (Where c x (Abs y)))\n(output r)",
     "row_sum_sq": "(input x f32 [9 40])\n(let r (Sum (Mul x x) [1] 1))\n(output r)",
@@ -94,7 +96,6 @@ def run_kernel(step, arrays):
     flats = []
     for a in arrays:
         # the kernel sees the operand's memory from its first element, with its strides
-        base = np.lib.stride_tricks.as_strided(a, (a.size,), (a.itemsize,)) if a.size else a
         flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a))
     fn[blocks, threads](out, *flats, *[sizes[n] for n in g.params.ints])
     return out.reshape(step.shape)
