@@ -73,7 +73,7 @@ def main() -> None:
     ind = torch.compile(chain)
     t_eager = events_ms(lambda: chain(a, b, c))
     t_ind = events_ms(lambda: ind(a, b, c))
-    kern, k = kernel_of(
+    kern, _ = kernel_of(
         f"(input a f32 [{n}])\n(input b f32 [{n}])\n(input c f32 [{n}])\n"
         "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)\n"
     )
