@@ -19,6 +19,7 @@ cached on disk, keyed on the source, the architecture and the Numba and CUDA ver
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import re
@@ -33,6 +34,7 @@ from saturn.eqsat.program import Kernel
 
 from .expr import NUMBA_TYPE, BodyWriter
 
+log = logging.getLogger("saturn")
 THREADS = 256
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
 NUMPY = {

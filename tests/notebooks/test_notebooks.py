@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat", reason="nbformat (a dev extra) is not installed")
+NotebookClient = pytest.importorskip("nbclient", reason="nbclient is not installed").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 
