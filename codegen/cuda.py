@@ -469,7 +469,7 @@ def ptx(g: Generated, cc: tuple[int, int]) -> str:
     from numba import cuda
 
     text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
-    return text
+    return text.rstrip("\x00")  # Numba's PTX ends with a NUL the linkers reject
 
 
 def entry_name(ptx_text: str) -> str:
@@ -507,20 +507,33 @@ def load(g: Generated, cc: tuple[int, int]):
         d.mkdir(parents=True, exist_ok=True)
         cubin_path = d / f"k_{digest}_sm{cc[0]}{cc[1]}.cubin"
         name_path = cubin_path.with_suffix(".name")
-        if cubin_path.exists() and name_path.exists():
-            code = ObjectCode.from_cubin(cubin_path.read_bytes())
-            entry = name_path.read_text()
-        else:
+        ptx_path = cubin_path.with_suffix(".ptx")
+        if not (cubin_path.exists() and name_path.exists()):
             text = ptx(g, cc)
-            entry = entry_name(text)
-            linker = Linker(
-                ObjectCode.from_ptx(text), options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}")
-            )
-            code = linker.link("cubin")
-            tmp = cubin_path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(code.code)
-            tmp.replace(cubin_path)
-            name_path.write_text(entry)
+            tmp = ptx_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(ptx_path)
+            name_path.write_text(entry_name(text))
+            try:
+                # cuda.core hands in-memory PTX to nvJitLink as a file name: give it the file
+                linker = Linker(
+                    ObjectCode.from_ptx(str(ptx_path)),
+                    options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"),
+                )
+                blob = linker.link("cubin").code
+                tmp = cubin_path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(blob)
+                tmp.replace(cubin_path)
+            except Exception as e:  # no usable linker: the driver compiles the PTX at load
+                log.warning(
+                    "saturn: linking a cubin failed (%s); loading PTX instead",
+                    str(e).splitlines()[0][:200],
+                )
+        entry = name_path.read_text()
+        if cubin_path.exists():
+            code = ObjectCode.from_cubin(str(cubin_path))
+        else:
+            code = ObjectCode.from_ptx(str(ptx_path))
         kernel = code.get_kernel(entry)
         _KERNELS[key] = kernel
         return kernel

@@ -205,6 +205,19 @@ class Recipe:
                     f"kernel {s.output}: operand of shape {list(t.shape)}, "
                     f"compiled for {list(o.shape)}"
                 )
+        if self.on_gpu:
+            ops = [
+                t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
+                for o, t in zip(k.inputs, operands, strict=True)
+            ]
+            self.kernels[s.output].launch(
+                self.stream,
+                out.data_ptr(),
+                [t.data_ptr() for t in ops],
+                [tuple(t.shape) for t in ops],
+                [tuple(t.stride()) for t in ops],
+            )
+            return out
         if k.kind in ("loop", "reduce"):
             arrays = []
             for o, t in zip(k.inputs, operands, strict=True):
