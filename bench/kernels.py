@@ -130,9 +130,9 @@ def main() -> None:
     torch.saturn.synchronize(GPU)
 
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print(f"{'what':52s} {'ms':>9s} {'GB/s':>9s}")
+    print(f"{'what':52s} {'ms':>9s} {'TB/s':>9s}")
     for name, tt, bw in rows:
-        print(f"{name:52s} {tt:9.3f} {bw:9.0f}")
+        print(f"{name:52s} {tt:9.3f} {bw:9.2f}")
     print(
         f"chain: saturn / inductor time = {t_sat / t_ind:.3f}; saturn bandwidth "
         f"{bytes_chain / t_sat / 1e9 / ceiling * 100:.0f}% of the copy ceiling; "

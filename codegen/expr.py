@@ -71,16 +71,17 @@ def literal(value: float, dtype: str) -> str:
 class BodyWriter:
     """Turns a body tree into statements; ``operand(i)`` names how operand i is read."""
 
-    def __init__(self, operand, dtype_of_operand):
+    def __init__(self, operand, dtype_of_operand, tag: str = ""):
         self.operand = operand
         self.dtype_of_operand = dtype_of_operand
+        self.tag = tag  # suffix that keeps names apart when one kernel writes a body twice
         self.lines: list[str] = []
         self.count = 0
         self.memo: dict[tuple, tuple[str, str]] = {}
 
     def fresh(self, stem: str) -> str:
         self.count += 1
-        return f"{stem}_{self.count}"
+        return f"{stem}_{self.count}{self.tag}"
 
     def emit(self, e: tuple) -> tuple[str, str]:
         """Statements for ``e``; returns (variable, dtype). Equal subtrees are computed once."""

@@ -53,6 +53,10 @@ GRAPHS = {
     "(let r (Mul (Add x b) (Scalar -0.5 f32)))\n(output r)",
     "leading_strided": "(input x f64 [3 4 5])\n(input c f64 [3 1 1])\n(input d f64 [1 4 1])\n"
     "(let r (Sub (Mul x c) d))\n(output r)",
+    "unrolled_with_tail": "(input a f32 [2003])\n(input b f32 [2003])\n"
+    "(let r (Tanh (Mul a (Add b (Scalar 0.25 f32)))))\n(output r)",
+    "bool_loop": "(input a bool [1500])\n(input b bool [1500])\n(input c bool [1500])\n"
+    "(let r (Where a b c))\n(output r)",
     "permuted": "(input x f32 [6 5])\n(let r (Exp (Permute x [1 0])))\n(output r)",
     "ints": "(input x i32 [33])\n(input y i32 [33])\n"
     "(let r (Maximum (Add x y) (Neg y)))\n(output r)",
@@ -87,7 +91,8 @@ def run_kernel(step, arrays):
     shapes = [a.shape for a in arrays]
     strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
     sizes = cg.size_args(g, k, shapes, strides)
-    blocks, threads = cg.grid_for(g, sizes, sm_count=2)
+    # one block for loops (sm_count 1/8): threads stride, so the unrolled path runs too
+    blocks, threads = cg.grid_for(g, sizes, sm_count=0.125)
     out = np.full(
         max(math.prod(step.shape), 1),
         np.nan if step.dtype in ("f32", "f64") else 7,

@@ -85,7 +85,7 @@ def run_on_gpu(graph_text: str, seed: int = 0):
 
 
 @pytest.mark.parametrize("dtype", list(LOOPS))
-@pytest.mark.parametrize("n", [1, 1000, 1_000_003])
+@pytest.mark.parametrize("n", [1, 1000, 1_000_003, 9_000_011])  # the last strides and unrolls
 def test_fused_loop(dtype, n):
     cond = "bool" if dtype == "bool" else dtype
     text = (
