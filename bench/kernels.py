@@ -81,6 +81,16 @@ def main() -> None:
     out = torch.empty(n, device=GPU)
     shapes, strides = [(n,)] * 3, [(1,)] * 3
     ptrs = [sa.data_ptr(), sb.data_ptr(), sc.data_ptr()]
+    sweep = {}
+    for bpm in (4, 8, 16, 32, 64, 1 << 20):  # grid cap, blocks per SM
+        cg.BLOCKS_PER_SM = bpm
+        kern._plans.clear()
+        sweep[bpm] = events_ms(
+            lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream
+        )
+    best = min(sweep, key=sweep.get)
+    cg.BLOCKS_PER_SM = best
+    kern._plans.clear()
     t_sat = events_ms(lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream)
     err = (out.cpu() - chain(a, b, c).cpu()).abs().max().item()
     bytes_chain = 4 * n * 4
@@ -139,6 +149,11 @@ def main() -> None:
         f"max |saturn - torch| = {err:.2e}"
     )
     print(f"launch host cost: median {statistics.median(host) * 1e6:.1f} us over 2000 launches")
+    print(
+        "chain grid sweep (blocks per SM: ms): "
+        + ", ".join(f"{k}: {v:.3f}" for k, v in sweep.items())
+        + f"; best {best}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from .expr import NUMBA_TYPE, BodyWriter
 
 log = logging.getLogger("saturn")
 THREADS = 256
+BLOCKS_PER_SM = 8  # loop kernels: grid cap (bench/kernels.py sweeps it)
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
 NUMPY = {
     "bool": np.bool_,
@@ -410,8 +411,8 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
     """(blocks, threads per block) for a launch with these sizes."""
     if g.style in ("loop", "copy"):
         n = sizes["n"]
-        # a few resident blocks per SM; each thread then strides through the rest
-        return max(1, min(math.ceil(n / THREADS), int(sm_count * 8))), THREADS
+        # a bounded number of blocks per SM; each thread then strides through the rest
+        return max(1, min(math.ceil(n / THREADS), int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style == "row-warp":
         return max(1, math.ceil(sizes["outer"] / 8)), THREADS
     if g.style == "row-block":
