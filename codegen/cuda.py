@@ -36,7 +36,7 @@ from .expr import NUMBA_TYPE, BodyWriter
 
 log = logging.getLogger("saturn")
 THREADS = 256
-BLOCKS_PER_SM = 8  # loop kernels: grid cap (bench/kernels.py sweeps it)
+BLOCKS_PER_SM = 32  # loop kernels: grid cap (bench/kernels.py sweeps it)
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
 NUMPY = {
     "bool": np.bool_,
@@ -156,7 +156,7 @@ def _operand_reads(
     return lines, sorted(set(ints), key=ints.index)
 
 
-UNROLL = 4
+UNROLL = 1  # elements in flight per thread in packed loops (bench/kernels.py tries 4)
 
 
 def _store(k: Kernel, index: str, value: str) -> str:
@@ -181,7 +181,7 @@ def loop_source(k: Kernel, fn: str) -> tuple[str, Params]:
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
     ]
-    if not uses_shape:
+    if not uses_shape and UNROLL > 1:
         lines.append(f"    while i + {UNROLL - 1} * step < n:")
         bodies = []
         for u in range(UNROLL):
