@@ -73,7 +73,7 @@ def main() -> None:
     ind = torch.compile(chain)
     t_eager = events_ms(lambda: chain(a, b, c))
     t_ind = events_ms(lambda: ind(a, b, c))
-    kern, _ = kernel_of(
+    kern, k = kernel_of(
         f"(input a f32 [{n}])\n(input b f32 [{n}])\n(input c f32 [{n}])\n"
         "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)\n"
     )
@@ -82,15 +82,16 @@ def main() -> None:
     shapes, strides = [(n,)] * 3, [(1,)] * 3
     ptrs = [sa.data_ptr(), sb.data_ptr(), sc.data_ptr()]
     sweep = {}
-    for bpm in (4, 8, 16, 32, 64, 1 << 20):  # grid cap, blocks per SM
-        cg.BLOCKS_PER_SM = bpm
-        kern._plans.clear()
-        sweep[bpm] = events_ms(
-            lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream
+    default = (cg.UNROLL, cg.BLOCKS_PER_SM)
+    for unroll, bpm in ((1, 8), (1, 32), (1, 1 << 20), (4, 8), (4, 32)):
+        cg.UNROLL, cg.BLOCKS_PER_SM = unroll, bpm
+        with torch.saturn.device(GPU):
+            variant = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
+        sweep[(unroll, bpm)] = events_ms(
+            lambda v=variant: v.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream
         )
     best = min(sweep, key=sweep.get)
-    cg.BLOCKS_PER_SM = best
-    kern._plans.clear()
+    cg.UNROLL, cg.BLOCKS_PER_SM = default
     t_sat = events_ms(lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream)
     err = (out.cpu() - chain(a, b, c).cpu()).abs().max().item()
     bytes_chain = 4 * n * 4
@@ -150,7 +151,7 @@ def main() -> None:
     )
     print(f"launch host cost: median {statistics.median(host) * 1e6:.1f} us over 2000 launches")
     print(
-        "chain grid sweep (blocks per SM: ms): "
+        "chain variants ((unroll, blocks per SM): ms): "
         + ", ".join(f"{k}: {v:.3f}" for k, v in sweep.items())
         + f"; best {best}"
     )
