@@ -24,6 +24,7 @@ def test_pinned_memory_round_trip():
 
 def test_out_of_memory_recovers_by_releasing_the_cache():
     torch.saturn.empty_cache(GPU)
+    live = torch.saturn.memory_stats(GPU)["allocated"]  # tensors other tests still hold
     block = 16 << 30
     held = []
     failures = torch.saturn.memory_stats(GPU)["failures"]
@@ -40,12 +41,12 @@ def test_out_of_memory_recovers_by_releasing_the_cache():
     big = torch.empty(block + (2 << 20), dtype=torch.uint8, device=GPU)
     after = torch.saturn.memory_stats(GPU)
     assert after["retries"] == stats["retries"] + 1
-    assert after["reserved"] == block + (2 << 20)
+    assert after["reserved"] == live + block + (2 << 20)  # the whole cache was released
     big.fill_(3)
     assert big[-1].item() == 3
     del big
     torch.saturn.empty_cache(GPU)
-    assert torch.saturn.memory_reserved(GPU) == 0
+    assert torch.saturn.memory_reserved(GPU) == live
 
 
 def test_numba_kernel_reads_saturn_tensor():
