@@ -152,6 +152,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         io_on_device=io_on_device,
         inputs=[InputSpec(TORCH_DTYPES[d], s) for d, s, _ in imported.input_meta],
         output_spec=spec,
+        output_types=[
+            None if m is None else InputSpec(TORCH_DTYPES[m[0]], m[1]) for m in imported.output_meta
+        ],
         host_calls=imported.host_calls,
         input_names=imported.inputs,
     )

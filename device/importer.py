@@ -52,6 +52,7 @@ class Imported:
     inputs: list[str]  # graph node name per placeholder, in order
     input_meta: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # dtype, shape, strides
     outputs: list[str | None]  # graph node name per output position (None stays None)
+    output_meta: list[tuple[str, tuple[int, ...]] | None]  # (dtype, shape) per position
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
 
@@ -572,7 +573,7 @@ _HANDLERS = {
 
 def import_graph(gm: torch.fx.GraphModule) -> Imported:
     imp = _Importer(gm)
-    inputs, meta, outputs = [], [], []
+    inputs, meta, outputs, out_meta = [], [], [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             imp.placeholder(node)
@@ -585,8 +586,10 @@ def import_graph(gm: torch.fx.GraphModule) -> Imported:
             for o in node.args[0]:
                 if o is None:
                     outputs.append(None)
+                    out_meta.append(None)
                 elif isinstance(o, torch.fx.Node):
                     outputs.append(imp.env[o.name])
+                    out_meta.append(_tensor_type(o))
                 else:
                     raise UnsupportedError(f"output {o!r} is not a tensor")
         else:
@@ -594,4 +597,4 @@ def import_graph(gm: torch.fx.GraphModule) -> Imported:
     imp.g.outputs = [o for o in outputs if o is not None]
     if not imp.g.outputs:
         raise UnsupportedError("the graph returns no tensor")
-    return Imported(imp.g, inputs, meta, outputs, imp.host_calls, imp.fx_names)
+    return Imported(imp.g, inputs, meta, outputs, out_meta, imp.host_calls, imp.fx_names)

@@ -69,6 +69,7 @@ class Recipe:
     io_on_device: bool
     inputs: list[InputSpec]
     output_spec: list[int | None]  # index into program.outputs, or None
+    output_types: list[InputSpec | None]  # what the graph returns, position by position
     host_calls: dict[str, HostCall]
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
@@ -141,10 +142,32 @@ class Recipe:
             if any(t is a for a in args) or any(t is p for p in prepared):
                 t = t.clone()  # never hand back an input as an output
             results.append(t)
-        if len(results) != len(self.output_spec):
-            raise RuntimeError("saturn recipe built the wrong number of outputs")
+        self._check_outputs(results)
         self.last = stats
         return results
+
+    def _check_outputs(self, results: list) -> None:
+        """Each position holds what the graph returns there (a gradient, or None for an
+        input that takes none): a swapped or dropped position raises."""
+        if len(results) != len(self.output_types):
+            raise RuntimeError(
+                f"saturn recipe built {len(results)} outputs; the graph "
+                f"returns {len(self.output_types)}"
+            )
+        for i, (t, want) in enumerate(zip(results, self.output_types, strict=True)):
+            if want is None or t is None:
+                if (want is None) != (t is None):
+                    raise RuntimeError(
+                        f"saturn recipe output {i}: expected "
+                        f"{'None' if want is None else 'a tensor'}, got "
+                        f"{'None' if t is None else 'a tensor'}"
+                    )
+                continue
+            if t.dtype != want.dtype or tuple(t.shape) != tuple(want.shape):
+                raise RuntimeError(
+                    f"saturn recipe output {i}: expected {want.dtype}"
+                    f"{list(want.shape)}, got {t.dtype}{list(t.shape)}"
+                )
 
     def _input(self, i: int, t, stats: CallStats):
         spec = self.inputs[i]
