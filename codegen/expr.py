@@ -34,24 +34,17 @@ NAMED = {
     "c0447": 0.044715,
 }
 
-HELPERS = """
-@numba.njit(inline="always")
-def max_nan(a, b):
-    if a != a:
-        return a
-    if b != b:
-        return b
-    return a if a > b else b
 
-
-@numba.njit(inline="always")
-def min_nan(a, b):
-    if a != a:
-        return a
-    if b != b:
-        return b
-    return a if a < b else b
-"""
+def helpers(decorator: str) -> str:
+    """NaN-propagating max and min (as torch.maximum/minimum), as functions under
+    ``decorator`` (a Numba njit or CUDA device-function decorator line)."""
+    out = []
+    for name, cmp in (("max_nan", ">"), ("min_nan", "<")):
+        out.append(
+            f"\n{decorator}\ndef {name}(a, b):\n    if a != a:\n        return a\n"
+            f"    if b != b:\n        return b\n    return a if a {cmp} b else b\n"
+        )
+    return "\n".join(out)
 
 
 def literal(value: float, dtype: str) -> str:
