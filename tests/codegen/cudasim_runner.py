@@ -115,8 +115,45 @@ def base_of(a: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))
 
 
+def run_copies() -> int:
+    """The strided copy kernels (flat and tiled transpose) on permuted arrays."""
+    rng = np.random.default_rng(1)
+    failures = 0
+    cases = [
+        ((40, 37), (1, 0), np.float32),
+        ((3, 33, 35), (2, 0, 1), np.complex128),
+        ((5, 34, 6), (0, 2, 1), np.uint8),
+        ((4, 6, 5), (1, 0, 2), np.int64),
+    ]
+    for shape, perm, dtype in cases:
+        base = (rng.standard_normal(shape) * 50).astype(dtype)
+        view = np.transpose(base, perm)
+        width = view.itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}[width]
+        src = base.reshape(-1).view(word)
+        out = np.zeros(view.size * (2 if width == 16 else 1), dtype=word)
+        strides = [st // width for st in view.strides]
+        a = cg.fastest_axis(view.shape, strides)
+        if a != view.ndim - 1:
+            g = cg.generate_tiled_copy(width, view.ndim, a)
+            fn = cuda.jit(cg.python_function(g))
+            fn[cg.tiled_grid(view.shape, a), cg.THREADS](out, src, *view.shape, *strides)
+            kind = "tiled"
+        else:
+            g = cg.generate_copy(width, view.ndim)
+            fn = cuda.jit(cg.python_function(g))
+            fn[1, cg.THREADS](out, src, view.size, *view.shape, *strides)
+            kind = "flat"
+        got = out.view(dtype).reshape(view.shape)
+        ok = np.array_equal(got, np.ascontiguousarray(view))
+        print(f"{'ok' if ok else 'FAIL'} copy {kind} {shape} {perm} {np.dtype(dtype).name}")
+        failures += not ok
+    return failures
+
+
 def main() -> int:
-    failures = run_all(GRAPHS)
+    failures = run_copies()
+    failures += run_all(GRAPHS)
     cg.UNROLL = 4  # the unrolled loop path, with tails
     failures += run_all(
         {
