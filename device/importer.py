@@ -121,7 +121,7 @@ class _Importer:
             return self.scalar(a, dtype)
         raise UnsupportedError(f"operand {a!r} of type {type(a).__name__}")
 
-    def opaque(self, node: torch.fx.Node, why: str = "") -> str:
+    def opaque(self, node: torch.fx.Node) -> str:
         """Keep ``node`` as a host call of the original op."""
         slots: list[str] = []
 

@@ -52,8 +52,6 @@ def emit_kernels(c: Compiled) -> str:
 
 def emit_dot(c: Compiled) -> str:
     """The saturated e-graph as graphviz: a cluster per class, chosen e-nodes bold."""
-    chosen = {(s.output) for s in c.program.steps}
-    del chosen
     lines = ["digraph egraph {", "  compound=true; rankdir=BT; node [shape=box, fontsize=10];"]
     for cid, enodes in sorted(c.view.classes.items()):
         lines.append(f'  subgraph cluster_{cid} {{ label="{cid}"; style=dashed;')

@@ -33,7 +33,7 @@ HOST, DEVICE = "host", "device"
 # --- analyses -----------------------------------------------------------------------------
 
 
-def _enode_type(en: ENode, ty: dict[int, Type], cls_of_opaque: dict[int, Type]) -> Type | None:
+def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
     """The type an e-node computes, or None while a child's type is unknown."""
     op = en.op
     # a bias may be NoBias; a TList is typed by its head alone
@@ -86,7 +86,7 @@ def infer_types(view: EGraphView, graph: Graph) -> dict[int, Type]:
         for cid, enodes in view.classes.items():
             for en in enodes:
                 try:
-                    t = _enode_type(en, ty, {})
+                    t = _enode_type(en, ty)
                 except (ValueError, KeyError, IndexError) as e:
                     raise ValidationError(f"type analysis: class {cid} e-node {en}: {e}") from None
                 if t is None:
