@@ -333,40 +333,26 @@ class _Lowering:
                 covers,
                 fused,
             )
+
+        def library(kind: str, operands: list[int], attrs: dict) -> Kernel:
+            # library calls read their operands through strides, as they lie
+            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in operands]
+            return Kernel(kind, out, dtype, shape, inputs, None, shape, attrs, covers)
+
         if en.op == "Gemm":
             ops = [k for k in en.kids if not self._nobias(k)]
-            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
-            return Kernel(
-                "gemm", out, dtype, shape, inputs, None, shape, {"epilogue": en.attrs[0]}, covers
-            )
+            return library("gemm", ops, {"epilogue": en.attrs[0]})
         if en.op == "Conv":
             ops = [k for k in en.kids if not self._nobias(k)]
-            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
             st, pa, di, g = en.attrs
-            return Kernel(
+            return library(
                 "conv",
-                out,
-                dtype,
-                shape,
-                inputs,
-                None,
-                shape,
+                ops,
                 {"stride": st, "padding": pa, "dilation": di, "groups": g, "bias": len(ops) == 3},
-                covers,
             )
         if en.op == "Custom":
-            ops = self.tlist(en.kids[0])
-            inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in ops]
-            return Kernel(
-                "custom",
-                out,
-                dtype,
-                shape,
-                inputs,
-                None,
-                shape,
-                {"name": en.attrs[0], "eps_bits": en.attrs[1]},
-                covers,
+            return library(
+                "custom", self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}
             )
         raise ValidationError(f"lowering: unknown kernel {en.op}")
 
