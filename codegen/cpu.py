@@ -74,13 +74,14 @@ def reduce_source(k: Kernel, fn: str) -> str:
     dims = set(k.attrs["dims"])
     kept = [d for d in range(rank) if d not in dims]
     kind = k.attrs["reduce"]
-    acc_t = "np.float64" if k.dtype in ot.FLOATS else "np.int64"
+    red_dtype = k.attrs.get("acc_dtype", k.dtype)
+    acc_t = "np.float64" if red_dtype in ot.FLOATS else "np.int64"
     init = {
         "sum": "0",
         "mean": "0",
         "prod": "1",
-        "max": "-np.inf" if k.dtype in ot.FLOATS else str(np.iinfo(np.int64).min),
-        "min": "np.inf" if k.dtype in ot.FLOATS else str(np.iinfo(np.int64).max),
+        "max": "-np.inf" if red_dtype in ot.FLOATS else str(np.iinfo(np.int64).min),
+        "min": "np.inf" if red_dtype in ot.FLOATS else str(np.iinfo(np.int64).max),
     }[kind]
     lines = [f"def {fn}(out, {', '.join(names)}):"]
     ind = "    "
@@ -111,7 +112,13 @@ def reduce_source(k: Kernel, fn: str) -> str:
     if kind == "mean":
         lines.append(f"{ind}acc = acc / ({count})")
     out_idx = ", ".join(f"j{d}" for d in kept) if kept else "()"
-    lines.append(f"{ind}out[{out_idx}] = {NUMBA_TYPE[k.dtype]}(acc)")
+    value = "acc"
+    if k.epilogue is not None:  # an elementwise function of the reduced value
+        lines.append(f"{ind}acc_r = {NUMBA_TYPE[red_dtype]}(acc)")
+        epi = BodyWriter(lambda i: "acc_r", lambda i: red_dtype, "e")
+        value, _ = epi.emit(k.epilogue)
+        lines += [ind + line for line in epi.lines]
+    lines.append(f"{ind}out[{out_idx}] = {NUMBA_TYPE[k.dtype]}({value})")
     return "\n".join(lines)
 
 
@@ -119,7 +126,15 @@ def kernel_source(k: Kernel) -> tuple[str, str]:
     """(module source, function name) for a loop or reduce kernel."""
     digest = hashlib.sha256(
         repr(
-            (k.kind, k.body, k.domain, k.dtype, k.attrs, [(o.dtype, o.indexing) for o in k.inputs])
+            (
+                k.kind,
+                k.body,
+                k.epilogue,
+                k.domain,
+                k.dtype,
+                k.attrs,
+                [(o.dtype, o.indexing) for o in k.inputs],
+            )
         ).encode()
     )
     fn = f"{k.kind}_{digest.hexdigest()[:12]}"

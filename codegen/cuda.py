@@ -54,7 +54,23 @@ class KernelError(RuntimeError):
 
 
 def _acc_dtype(k: Kernel) -> str:
-    return k.dtype
+    """What the reduction accumulates and produces (the kernel's output dtype unless an
+    epilogue turns the reduced value into something else)."""
+    return k.attrs.get("acc_dtype", k.dtype)
+
+
+def _store_reduced(k: Kernel, target: str, value: str, ind: str) -> list[str]:
+    """Write the reduced ``value`` to ``target``, through the epilogue if there is one."""
+    if k.epilogue is None:
+        return [f"{ind}{target} = {NUMBA_TYPE[k.dtype]}({value})"]
+    red = _acc_dtype(k)
+    w = BodyWriter(lambda i: "acc_r", lambda i: red, "e")
+    res, _ = w.emit(k.epilogue)
+    return [
+        f"{ind}acc_r = {NUMBA_TYPE[red]}({value})",
+        *(ind + ln for ln in w.lines),
+        f"{ind}{target} = {NUMBA_TYPE[k.dtype]}({res})",
+    ]
 
 
 def _combine(kind: str, a: str, b: str) -> str:
@@ -232,7 +248,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             f"        acc = {shfl}",
             "        off //= 2",
             "    if lane == 0 and row < outer:",
-            f"        out[row] = {NUMBA_TYPE[k.dtype]}({finish})",
+            *_store_reduced(k, "out[row]", finish, "        "),
         ]
     elif style == "row-block":
         lines += [
@@ -262,7 +278,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             f"            acc = {shfl}",
             "            off //= 2",
             "        if tid == 0:",
-            f"            out[row] = {NUMBA_TYPE[k.dtype]}({finish})",
+            *_store_reduced(k, "out[row]", finish, "            "),
         ]
     else:
         # 32 consecutive outputs per block (coalesced along inner), 8 threads down each
@@ -288,7 +304,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             "    if ty == 0 and p < outer * inner:",
             "        for j in range(1, 8):",
             f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
-            f"        out[p] = {NUMBA_TYPE[k.dtype]}({finish})",
+            *_store_reduced(k, "out[p]", finish, "        "),
         ]
     return "\n".join(lines), params, style
 
@@ -392,6 +408,7 @@ def generate(k: Kernel) -> Generated:
             (
                 k.kind,
                 k.body,
+                k.epilogue,
                 len(k.domain),
                 k.dtype,
                 k.attrs,

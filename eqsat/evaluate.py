@@ -172,7 +172,16 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         v = np.broadcast_to(v, k.domain)
         if k.kind == "loop":
             return np.array(v, dtype=np_dtype(k.dtype))
-        return reduce(k.attrs["reduce"], v, k.attrs["dims"], k.attrs["keepdim"], k.dtype)
+        acc = reduce(
+            k.attrs["reduce"],
+            v,
+            k.attrs["dims"],
+            k.attrs["keepdim"],
+            k.attrs.get("acc_dtype", k.dtype),
+        )
+        if k.epilogue is None:
+            return acc
+        return np.asarray(eval_expr(k.epilogue, [acc])).astype(np_dtype(k.dtype))
     if k.kind == "gemm":
         a, b = operands[0], operands[1]
         r = np.matmul(a, b)

@@ -41,6 +41,9 @@ class Kernel:
     attrs: dict = field(default_factory=dict)
     covers: list[str] = field(default_factory=list)  # graph nodes whose value it writes
     fused: list[str] = field(default_factory=list)  # graph nodes computed inside, not written
+    # reduce: an elementwise function of the reduced value (its leaf is ("in", 0)), applied
+    # before the write; the reduction itself then produces attrs["acc_dtype"]
+    epilogue: Expr | None = None
 
 
 @dataclass
@@ -95,8 +98,12 @@ def format_step(s: Step) -> str:
     if s.kind == "kernel":
         k = s.kernel
         ins = ", ".join(f"in{i}={o.value}/{o.indexing}" for i, o in enumerate(k.inputs))
-        attrs = "".join(f" {a}={fmt_attr_value(v)}" for a, v in sorted(k.attrs.items()))
+        attrs = "".join(
+            f" {a}={fmt_attr_value(v)}" for a, v in sorted(k.attrs.items()) if a != "acc_dtype"
+        )
         body = f" body {format_expr(k.body)}" if k.body is not None else ""
+        if k.epilogue is not None:
+            body += f" then {format_expr(k.epilogue).replace('in0', 'acc')}"
         return f"{s.output} = kernel {k.kind}({ins}){attrs}{body} : {typ}"
     args = " ".join(s.args)
     attrs = "".join(f" {fmt_attr_value(a)}" for a in s.attrs)
@@ -405,9 +412,59 @@ def lower(
             v = low.done_extra[key]
         outputs.append(v)
     inputs = {n.name: low.done[view.named[n.name]] for n in graph.inputs()}
-    prog = _renumber(Program(low.steps, outputs, inputs))
+    prog = _renumber(fuse_reduce_epilogues(Program(low.steps, outputs, inputs)))
     validate(prog)
     return prog
+
+
+def _leaves(e: Expr) -> set:
+    if e[0] in ("in", "const"):
+        return {e} if e[0] == "in" else set()
+    return set().union(*(_leaves(c) for c in e[1:] if isinstance(c, tuple)))
+
+
+def fuse_reduce_epilogues(prog: Program) -> Program:
+    """Fold a loop that reads only a reduction's result (at the same index) into that
+    reduction, as its epilogue: one launch and one round trip through memory fewer. Exact:
+    the same scalar operations run on the same values. Applied after extraction, where the
+    program is final; it declines when the reduced value is read anywhere else."""
+    users: dict[str, int] = {}
+    for s in prog.steps:
+        for v in s.args:  # a kernel step's args are its operands
+            users[v] = users.get(v, 0) + 1
+    for v in prog.outputs:
+        users[v] = users.get(v, 0) + 1
+    by_output = {s.output: s for s in prog.steps}
+    steps = []
+    for s in prog.steps:
+        k = s.kernel
+        if (
+            k is not None
+            and k.kind == "loop"
+            and len(k.inputs) == 1
+            and k.inputs[0].indexing == "same"
+            and _leaves(k.body) == {("in", 0)}
+        ):
+            src = by_output.get(k.inputs[0].value)
+            r = src.kernel if src is not None else None
+            if (
+                r is not None
+                and r.kind == "reduce"
+                and r.epilogue is None
+                and users.get(src.output, 0) == 1
+                and tuple(r.shape) == tuple(k.shape)
+            ):
+                r.epilogue = k.body
+                r.attrs["acc_dtype"] = r.dtype
+                r.dtype = src.dtype = k.dtype
+                r.covers += k.covers
+                r.fused += k.fused
+                src.covers = r.covers
+                # the reduction now writes the loop's value, under the loop's name
+                r.output = src.output = s.output
+                continue
+        steps.append(s)
+    return Program(steps, prog.outputs, prog.inputs)
 
 
 def _renumber(prog: Program) -> Program:

@@ -69,6 +69,10 @@ GRAPHS = {
     "int_sum_widens": "(input x i32 [6 50])\n(let r (Sum x [0 1] 0))\n(output r)",
     "bool_sum": "(input x bool [40])\n(let r (Sum x [0] 0))\n(output r)",
     "softmax": "(input x f32 [4 33])\n(let r (Softmax x 1))\n(output r)",
+    "epilogue_row_warp": "(input x f32 [5 40])\n(let r (Sqrt (Sum (Mul x x) [1] 1)))\n(output r)",
+    "epilogue_row_block": "(input x f64 [2 1100])\n"
+    "(let r (Rsqrt (Add (Mean (Mul x x) [1] 0) (Scalar 1e-06 f64))))\n(output r)",
+    "epilogue_column_cast": "(input x i32 [30 9])\n(let r (Cast (Sum x [0] 0) f32))\n(output r)",
     "min_nan": "(input x f32 [3 20])\n(let r (Amin x [1] 0))\n(output r)",
 }
 
