@@ -49,7 +49,11 @@ def random_graph(rng: np.random.Generator, dtype: str) -> str:
     outs = [names[-1]]
     if rng.random() < 0.4:
         lines.append(f"(let s (Sum (Add {names[-1]} a) [-1] 1))")  # rank 2 whatever t is
-        outs.append("s")
+        if rng.random() < 0.5:  # a function of the sum alone: folded into the reduction
+            lines.append(f"(let se (Sqrt ({rng.choice(UNARY)} s)))")
+            outs.append("se")
+        else:
+            outs.append("s")
     if rng.random() < 0.3:
         lines.append(f"(let m (Amax (Mul {names[-2]} a) [-1] 0))")
         outs.append("m")
