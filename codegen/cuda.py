@@ -59,6 +59,16 @@ def _acc_dtype(k: Kernel) -> str:
     return k.attrs.get("acc_dtype", k.dtype)
 
 
+def _warp_reduce(shfl: str, ind: str) -> list[str]:
+    """Fold ``acc`` across the 32 lanes of a warp with shuffles (lane 0 ends with it)."""
+    return [
+        f"{ind}off = 16",
+        f"{ind}while off > 0:",
+        f"{ind}    acc = {shfl}",
+        f"{ind}    off //= 2",
+    ]
+
+
 def _store_reduced(k: Kernel, target: str, value: str, ind: str) -> list[str]:
     """Write the reduced ``value`` to ``target``, through the epilogue if there is one."""
     if k.epilogue is None:
@@ -243,10 +253,7 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
         lines += [
             f"            acc = {_combine(kind, 'acc', 'v')}",
             "            r += 32",
-            "    off = 16",
-            "    while off > 0:",
-            f"        acc = {shfl}",
-            "        off //= 2",
+            *_warp_reduce(shfl, "    "),
             "    if lane == 0 and row < outer:",
             *_store_reduced(k, "out[row]", finish, "        "),
         ]
@@ -264,19 +271,13 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
         lines += [
             f"        acc = {_combine(kind, 'acc', 'v')}",
             f"        r += {THREADS}",
-            "    off = 16",
-            "    while off > 0:",
-            f"        acc = {shfl}",
-            "        off //= 2",
+            *_warp_reduce(shfl, "    "),
             "    if tid % 32 == 0:",
             "        part[tid // 32] = acc",
             "    cuda.syncthreads()",
             "    if tid < 32:",
             f"        acc = part[tid] if tid < 8 else {ident}",
-            "        off = 16",
-            "        while off > 0:",
-            f"            acc = {shfl}",
-            "            off //= 2",
+            *_warp_reduce(shfl, "        "),
             "        if tid == 0:",
             *_store_reduced(k, "out[row]", finish, "            "),
         ]

@@ -76,6 +76,8 @@ class Recipe:
     stream: int = 0  # the device's stream (GPU targets)
     last: CallStats = field(default_factory=CallStats)
     _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    _position: dict[str, int] = field(default_factory=dict, repr=False)
+    _consts: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- compile time ---------------------------------------------------------------
@@ -85,7 +87,18 @@ class Recipe:
         return self.device.index is not None and self.device.index >= 1
 
     def prepare(self) -> None:
-        """Compile (or load from the cache) every kernel before the first call."""
+        """Work out once what every call needs: where each input value comes from, the
+        constants, and every kernel compiled (or loaded from the cache)."""
+        by_value = {v: k for k, v in self.program.inputs.items()}
+        order = {name: i for i, name in enumerate(self.input_names)}
+        self._position = {
+            s.output: order[by_value[s.output]] for s in self.program.steps if s.kind == "input"
+        }
+        self._consts = {
+            s.output: torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
+            for s in self.program.steps
+            if s.kind == "const"
+        }
         if self.on_gpu:
             from saturn.codegen import cuda
 
@@ -114,13 +127,12 @@ class Recipe:
         stats = CallStats()
         env: dict[str, object] = {}
         prepared = [self._input(i, t, stats) for i, t in enumerate(args)]
-        by_value = {v: k for k, v in self.program.inputs.items()}
-        order = {name: i for i, name in enumerate(self.input_names)}
-        position = {}  # program value of an input -> its position
+        position = self._position  # program value of an input -> its position
         for s in self.program.steps:
             if s.kind == "input":
-                position[s.output] = order[by_value[s.output]]
                 env[s.output] = prepared[position[s.output]]
+            elif s.kind == "const":
+                env[s.output] = self._consts[s.output]
             elif s.kind == "crossing" and s.args[0] in position:
                 # an input crossing: reuse the copy while the input is unchanged
                 i = position[s.args[0]]
@@ -200,8 +212,6 @@ class Recipe:
         return out
 
     def _step(self, s: Step, env: dict, stats: CallStats):
-        if s.kind == "const":
-            return torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
         if s.kind == "crossing":
             stats.crossings += 1
             src = env[s.args[0]]

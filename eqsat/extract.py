@@ -75,63 +75,58 @@ def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
     return (dtype, shape)
 
 
-def infer_types(view: EGraphView, graph: Graph) -> dict[int, Type]:
-    ty: dict[int, Type] = {}
-    for name, cid in view.named.items():
-        n = graph.nodes[name]
-        ty[cid] = (n.dtype, tuple(n.shape))
+def _class_analysis(view: EGraphView, what: str, seed: dict, value_of) -> dict:
+    """A per-class fact computed from each e-node (``value_of`` returns None while it cannot
+    tell yet), to a fixpoint; two e-nodes of one class giving different facts is an error."""
+    facts = dict(seed)
     changed = True
     while changed:
         changed = False
         for cid, enodes in view.classes.items():
             for en in enodes:
-                try:
-                    t = _enode_type(en, ty)
-                except (ValueError, KeyError, IndexError) as e:
-                    raise ValidationError(f"type analysis: class {cid} e-node {en}: {e}") from None
-                if t is None:
+                v = value_of(cid, en, facts)
+                if v is None:
                     continue
-                t = (t[0], tuple(t[1]))
-                if cid not in ty:
-                    ty[cid] = t
+                if cid not in facts:
+                    facts[cid] = v
                     changed = True
-                elif ty[cid] != t:
+                elif facts[cid] != v:
                     raise ValidationError(
-                        f"type analysis: class {cid} holds values of two types: "
-                        f"{ty[cid]} and {t} (from {en}); a rule equated different values"
+                        f"{what} analysis: class {cid} holds two values, {facts[cid]} and "
+                        f"{v} (from {en}); a rule equated different values"
                     )
-    return ty
+    return facts
+
+
+def infer_types(view: EGraphView, graph: Graph) -> dict[int, Type]:
+    seed = {
+        cid: (graph.nodes[name].dtype, tuple(graph.nodes[name].shape))
+        for name, cid in view.named.items()
+    }
+
+    def type_of(cid: int, en: ENode, ty: dict) -> Type | None:
+        try:
+            t = _enode_type(en, ty)
+        except (ValueError, KeyError, IndexError) as e:
+            raise ValidationError(f"type analysis: class {cid} e-node {en}: {e}") from None
+        return None if t is None else (t[0], tuple(t[1]))
+
+    return _class_analysis(view, "type", seed, type_of)
 
 
 def infer_placement(view: EGraphView) -> dict[int, str]:
     """host or device for every Tensor class; every e-node of a class must agree."""
-    place: dict[int, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for cid, enodes in view.classes.items():
-            if view.sort[cid] != "Tensor":
-                continue
-            for en in enodes:
-                if en.op in KERNELS or en.op == "ToDev":
-                    p = DEVICE
-                elif en.op == "NoBias":
-                    continue
-                elif en.op in MOVEMENT:
-                    if en.kids[0] not in place:
-                        continue
-                    p = place[en.kids[0]]
-                else:
-                    p = HOST
-                if cid not in place:
-                    place[cid] = p
-                    changed = True
-                elif place[cid] != p:
-                    raise ValidationError(
-                        f"placement analysis: class {cid} is both {place[cid]} and {p} "
-                        f"(e-node {en})"
-                    )
-    return place
+
+    def place_of(cid: int, en: ENode, place: dict) -> str | None:
+        if view.sort[cid] != "Tensor" or en.op == "NoBias":
+            return None
+        if en.op in KERNELS or en.op == "ToDev":
+            return DEVICE
+        if en.op in MOVEMENT:
+            return place.get(en.kids[0])
+        return HOST
+
+    return _class_analysis(view, "placement", {}, place_of)
 
 
 # --- cost model ---------------------------------------------------------------------------
