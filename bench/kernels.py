@@ -82,16 +82,16 @@ def main() -> None:
     shapes, strides = [(n,)] * 3, [(1,)] * 3
     ptrs = [sa.data_ptr(), sb.data_ptr(), sc.data_ptr()]
     sweep = {}
-    default = (cg.UNROLL, cg.BLOCKS_PER_SM)
-    for unroll, bpm in ((1, 8), (1, 32), (1, 1 << 20), (4, 8), (4, 32)):
-        cg.UNROLL, cg.BLOCKS_PER_SM = unroll, bpm
+    default = (cg.VECTOR, cg.BLOCKS_PER_SM)
+    for vector, bpm in ((False, 32), (True, 4), (True, 8), (True, 16), (True, 32), (True, 1 << 20)):
+        cg.VECTOR, cg.BLOCKS_PER_SM = vector, bpm
         with torch.saturn.device(GPU):
             variant = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
-        sweep[(unroll, bpm)] = events_ms(
+        sweep[(vector, bpm)] = events_ms(
             lambda v=variant: v.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream
         )
     best = min(sweep, key=sweep.get)
-    cg.UNROLL, cg.BLOCKS_PER_SM = default
+    cg.VECTOR, cg.BLOCKS_PER_SM = default
     t_sat = events_ms(lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream)
     err = (out.cpu() - chain(a, b, c).cpu()).abs().max().item()
     bytes_chain = 4 * n * 4
@@ -151,7 +151,7 @@ def main() -> None:
     )
     print(f"launch host cost: median {statistics.median(host) * 1e6:.1f} us over 2000 launches")
     print(
-        "chain variants ((unroll, blocks per SM): ms): "
+        "chain variants ((vector accesses, blocks per SM): ms): "
         + ", ".join(f"{k}: {v:.3f}" for k, v in sweep.items())
         + f"; best {best}"
     )

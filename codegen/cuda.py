@@ -151,17 +151,30 @@ def _operand_reads(
     return lines, sorted(set(ints), key=ints.index)
 
 
-UNROLL = 1  # elements in flight per thread in packed loops (bench/kernels.py tries 4)
-
-
 def _store(k: Kernel, index: str, value: str) -> str:
     t = "np.uint8" if k.dtype == "bool" else NUMBA_TYPE[k.dtype]
     return f"out[{index}] = {t}({value})"
 
 
-def loop_source(k: Kernel, fn: str) -> tuple[str, Params]:
-    """A grid-stride loop. With packed operands each thread issues UNROLL elements' loads
-    (a stride apart, so warps stay coalesced) before computing them: more bytes in flight."""
+MEMORY_SIZE = {"bool": 1, "u8": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
+VECTOR = True  # packed loops use vector loads and stores (bench/kernels.py turns it off)
+
+
+def vector_lanes(k: Kernel) -> int:
+    """Elements per vector access in a packed loop: 16 bytes of the widest packed operand
+    (out and inputs read at ``i``), at most 4 lanes; 1 when the loop has strided operands."""
+    if not VECTOR or any(o.indexing == "strided" for o in k.inputs):
+        return 1
+    widest = max(
+        MEMORY_SIZE[d] for d in [k.dtype, *(o.dtype for o in k.inputs if o.indexing == "same")]
+    )
+    return max(1, min(4, 16 // widest))
+
+
+def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
+    """A grid-stride loop. With ``lanes`` > 1 each thread takes ``lanes`` adjacent elements
+    per step: packed operands and the output move as one vector access (the launcher checks
+    their alignment), broadcast operands are read per element; a scalar loop does the tail."""
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     ind = "        "
@@ -176,21 +189,28 @@ def loop_source(k: Kernel, fn: str) -> tuple[str, Params]:
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
     ]
-    if not uses_shape and UNROLL > 1:
-        lines.append(f"    while i + {UNROLL - 1} * step < n:")
-        bodies = []
-        for u in range(UNROLL):
-            lines.append(f"{ind}j{u} = i + {u} * step")
-            r, _ = _operand_reads(k, f"j{u}", rank, dnames, ind)
-            lines += [ln.replace("_v =", f"_v{u} =") for ln in r]
-        for u in range(UNROLL):
+    if lanes > 1:
+        lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
+        for i, o in enumerate(k.inputs):
+            names = [f"in{i}_v{u}" for u in range(lanes)]
+            nz = " != 0" if o.dtype == "bool" else ""
+            if o.indexing == "same":
+                lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, j)")
+                if nz:
+                    lines += [f"{ind}{v} = {v}{nz}" for v in names]
+            else:
+                for u in range(lanes):
+                    r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
+                    (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
+                    lines.append(src.replace("_v =", f"_v{u} ="))
+        results = []
+        for u in range(lanes):
             w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
             res, _ = w.emit(k.body)
             lines += [ind + ln for ln in w.lines]
-            bodies.append(res)
-        for u, res in enumerate(bodies):
-            lines.append(ind + _store(k, f"j{u}", res))
-        lines.append(f"{ind}i += {UNROLL} * step")
+            results.append(f"{'np.uint8' if k.dtype == 'bool' else NUMBA_TYPE[k.dtype]}({res})")
+        lines += [f"{ind}vstore{lanes}(out, j, {', '.join(results)})", f"{ind}i += step"]
+        lines.append(f"    i = nv * {lanes} + cuda.grid(1)")
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
     result, _ = body.emit(k.body)
     lines.append("    while i < n:")
@@ -401,12 +421,24 @@ class Generated:
     params: Params
     pointer_types: list[str]  # numba scalar type of each pointer parameter
     style: str = "loop"
+    lanes: int = 1  # elements per vector access (loops)
+    # (pointer parameter, bytes): the alignment each vector-accessed pointer needs
+    aligned: tuple[tuple[int, int], ...] = ()
+
+    def misaligned(self, ptrs: list[int]) -> bool:
+        """Whether any vector-accessed pointer breaks the alignment the kernel assumes."""
+        return any(ptrs[p] % a for p, a in self.aligned)
 
 
-def generate(k: Kernel) -> Generated:
+def generate(k: Kernel, lanes: int | None = None) -> Generated:
+    """The kernel for ``k``; loops use ``lanes``-wide vector accesses (default: as wide as
+    the operands allow), reductions ignore it."""
+    if lanes is None:
+        lanes = vector_lanes(k) if k.kind == "loop" else 1
     digest = hashlib.sha256(
         repr(
             (
+                lanes,
                 k.kind,
                 k.body,
                 k.epilogue,
@@ -422,15 +454,21 @@ def generate(k: Kernel) -> Generated:
     if bad:
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
     if k.kind == "loop":
-        body, params = loop_source(k, fn)
+        body, params = loop_source(k, fn, lanes)
         style = "loop"
     elif k.kind == "reduce":
         body, params, style = reduce_source(k, fn)
+        lanes = 1
     else:
         raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
     src = (
         "# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
         "from numba import cuda\n"
+        + (
+            "from saturn.codegen.vector import vload2, vload4, vstore2, vstore4\n"
+            if lanes > 1
+            else ""
+        )
         + helpers('@cuda.jit(device=True, inline="always")')
         + "\n\n"
         + body
@@ -438,7 +476,12 @@ def generate(k: Kernel) -> Generated:
     )
     ptr = {**NUMBA_SCALAR, "bool": "uint8"}  # bools are bytes in memory
     ptypes = [ptr[k.dtype], *(ptr[o.dtype] for o in k.inputs)]
-    return Generated(fn, src, params, ptypes, style)
+    if lanes == 1:
+        return Generated(fn, src, params, ptypes, style)
+    dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
+    packed = (0, *(1 + i for i, o in enumerate(k.inputs) if o.indexing == "same"))
+    aligned = tuple((p, lanes * MEMORY_SIZE[dtypes[p]]) for p in packed)
+    return Generated(fn, src, params, ptypes, style, lanes, aligned)
 
 
 def generate_tiled_copy(width: int, rank: int, a: int) -> Generated:
@@ -477,7 +520,7 @@ def generate_copy(width: int, rank: int) -> Generated:
 def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[int, int]:
     """(blocks, threads per block) for a launch with these sizes."""
     if g.style in ("loop", "copy"):
-        n = sizes["n"]
+        n = max(sizes["n"] // g.lanes, 1)
         # a bounded number of blocks per SM; each thread then strides through the rest
         return max(1, min(math.ceil(n / THREADS), int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style == "row-warp":
@@ -621,26 +664,43 @@ def core_stream(handle: int):
 class CudaKernel:
     """A compiled kernel ready to launch on saturn's stream with pointers and sizes.
 
+    Loops come in two variants: vector accesses (used when every packed pointer is aligned
+    for them, which saturn's allocator gives whole tensors) and scalar (offset views).
     The launch geometry and size arguments are worked out once per operand layout and
-    reused; a launch checks the operands' shapes against them and raises on a mismatch."""
+    variant and reused; a launch checks the operands' shapes and raises on a mismatch."""
 
     def __init__(self, k: Kernel, cc: tuple[int, int]):
-        self.k = k
+        self.k, self.cc = k, cc
         self.g = generate(k)
         self.kernel = load(self.g, cc)
+        self._scalar: tuple | None = None
         self._plans: dict[tuple, tuple] = {}
 
-    def plan(self, shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]]) -> tuple:
-        key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+    def variant(self, ptrs: list[int]) -> tuple[Generated, object]:
+        if self.g.lanes == 1 or not self.g.misaligned(ptrs):
+            return self.g, self.kernel
+        if self._scalar is None:
+            g = generate(self.k, lanes=1)
+            self._scalar = (g, load(g, self.cc))
+        return self._scalar
+
+    def plan(
+        self,
+        shapes: list[tuple[int, ...]],
+        strides: list[tuple[int, ...]],
+        g: Generated | None = None,
+    ) -> tuple:
+        g = g or self.g
+        key = (g.lanes, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
         p = self._plans.get(key)
         if p is None:
             from cuda.core import LaunchConfig
 
-            sizes = size_args(self.g, self.k, shapes, strides)
-            blocks, threads = grid_for(self.g, sizes)
+            sizes = size_args(g, self.k, shapes, strides)
+            blocks, threads = grid_for(g, sizes)
             p = (
                 LaunchConfig(grid=blocks, block=threads),
-                [np.int64(sizes[name]) for name in self.g.params.ints],
+                [np.int64(sizes[name]) for name in g.params.ints],
             )
             self._plans[key] = p
         return p
@@ -655,15 +715,10 @@ class CudaKernel:
     ) -> None:
         from cuda.core import launch
 
-        config, ints = self.plan(shapes, strides)
-        launch(
-            core_stream(stream),
-            config,
-            self.kernel,
-            np.uint64(out_ptr),
-            *[np.uint64(p) for p in in_ptrs],
-            *ints,
-        )
+        ptrs = [out_ptr, *in_ptrs]
+        g, kernel = self.variant(ptrs)
+        config, ints = self.plan(shapes, strides, g)
+        launch(core_stream(stream), config, kernel, *[np.uint64(p) for p in ptrs], *ints)
 
 
 class CopyKernel:

@@ -97,6 +97,30 @@ def test_fused_loop(dtype, n):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_vector_variant_only_for_aligned_operands(offset):
+    """Whole tensors take 16-byte accesses; a view one element in falls back to the scalar
+    kernel, and both agree with the reference (the tail included)."""
+    n = 100_003
+    text = (
+        f"(input a f32 [{n}])\n(input b f32 [{n}])\n(input c f32 [{n}])\n"
+        f"{LOOPS['f32']}\n(output r)\n"
+    )
+    (k,) = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program.kernels
+    rng = np.random.default_rng(offset)
+    host = [torch.from_numpy(rand(rng, (n + offset,), "f32")) for _ in range(3)]
+    ops = [t.to(GPU)[offset:] for t in host]
+    out = torch.full((n,), float("nan")).to(GPU)
+    with torch.saturn.device(GPU):
+        kern = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
+        ptrs = [out.data_ptr(), *(t.data_ptr() for t in ops)]
+        assert kern.variant(ptrs)[0].lanes == (4 if offset == 0 else 1)
+        kern.launch(torch.saturn.stream_handle(GPU), ptrs[0], ptrs[1:], [(n,)] * 3, [(1,)] * 3)
+    a, b, c = (t[offset:] for t in host)
+    want = torch.sigmoid(torch.relu(a * b + c))
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize(
     "shape,bias,indexing",
     [
