@@ -157,6 +157,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         ],
         host_calls=imported.host_calls,
         input_names=imported.inputs,
+        replay=opts.replay,
+        tf32=opts.tf32,
     )
     assert len(outs) == k
     recipe.prepare()

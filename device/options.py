@@ -18,6 +18,8 @@ class Options:
     iterations: int = Bounds.iterations
     max_enodes: int = Bounds.max_enodes
     seconds: float = Bounds.seconds
+    replay: bool = True  # CUDA-graph replay of static graphs on a GPU
+    tf32: bool = False  # float32 GEMMs and convolutions may round inputs to TF32
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -32,6 +34,8 @@ class Options:
             self.iterations,
             self.max_enodes,
             self.seconds,
+            self.replay,
+            self.tf32,
         )
 
 
@@ -66,4 +70,13 @@ def parse(options: dict | None) -> Options:
         iterations=int(options.get("iterations", Bounds.iterations)),
         max_enodes=int(options.get("max_enodes", Bounds.max_enodes)),
         seconds=float(options.get("seconds", Bounds.seconds)),
+        replay=_flag(options, "replay", True),
+        tf32=_flag(options, "tf32", False),
     )
+
+
+def _flag(options: dict, name: str, default: bool) -> bool:
+    v = options.get(name, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"saturn: option {name} must be True or False, got {v!r}")
+    return v

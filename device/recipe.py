@@ -74,6 +74,9 @@ class Recipe:
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
     stream: int = 0  # the device's stream (GPU targets)
+    replay: bool = True  # CUDA-graph replay on GPU targets (see gpu_runner)
+    tf32: bool = False  # float32 GEMMs and convolutions may use TF32
+    runner: object = None  # GpuRunner on GPU targets
     last: CallStats = field(default_factory=CallStats)
     _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
     _position: dict[str, int] = field(default_factory=dict, repr=False)
@@ -100,20 +103,10 @@ class Recipe:
             if s.kind == "const"
         }
         if self.on_gpu:
-            from saturn.codegen import cuda
+            from .gpu_runner import GpuRunner
 
-            cc = torch.saturn.get_device_capability(self.device)
-            with torch.saturn.device(self.device):
-                for s in self.program.steps:
-                    if s.kind != "kernel":
-                        continue
-                    if s.kernel.kind not in ("loop", "reduce"):
-                        raise NotImplementedError(
-                            f"{s.kernel.kind} kernels on the GPU need library plans "
-                            "(nvmath, cuDNN), not built yet"
-                        )
-                    self.kernels[s.output] = cuda.CudaKernel(s.kernel, cc)
-            self.stream = torch.saturn.stream_handle(self.device)
+            self.runner = GpuRunner(self, replay=self.replay, tf32=self.tf32)
+            self.stream = self.runner.stream
             return
         for s in self.program.steps:
             if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
@@ -127,6 +120,9 @@ class Recipe:
         stats = CallStats()
         env: dict[str, object] = {}
         prepared = [self._input(i, t, stats) for i, t in enumerate(args)]
+        if self.runner is not None:
+            outs = self.runner(prepared, stats)
+            return self._finish(outs, args, prepared, stats)
         position = self._position  # program value of an input -> its position
         for s in self.program.steps:
             if s.kind == "input":
@@ -141,6 +137,10 @@ class Recipe:
             else:
                 env[s.output] = self._step(s, env, stats)
         outs = [env[v] for v in self.program.outputs]
+        return self._finish(outs, args, prepared, stats)
+
+    def _finish(self, outs: list, args: list, prepared: list, stats: CallStats) -> list:
+        """The graph's return tuple from the program's outputs, by the output spec."""
         results = []
         for idx in self.output_spec:
             if idx is None:
@@ -238,19 +238,6 @@ class Recipe:
                     f"kernel {s.output}: operand of shape {list(t.shape)}, "
                     f"compiled for {list(o.shape)}"
                 )
-        if self.on_gpu:
-            ops = [
-                t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
-                for o, t in zip(k.inputs, operands, strict=True)
-            ]
-            self.kernels[s.output].launch(
-                self.stream,
-                out.data_ptr(),
-                [t.data_ptr() for t in ops],
-                [tuple(t.shape) for t in ops],
-                [tuple(t.stride()) for t in ops],
-            )
-            return out
         if k.kind in ("loop", "reduce"):
             arrays = []
             for o, t in zip(k.inputs, operands, strict=True):

@@ -1,0 +1,96 @@
+"""Per-call time of model blocks: eager PyTorch, Inductor (default and reduce-overhead) and
+saturn, in one process, inference only (no_grad), float32.
+
+What is timed, for each workload and each implementation, after warm-up calls:
+  call   wall time of one call including a device synchronize after it (end to end),
+         median of REPEATS calls
+  host   wall time until the call returns, without waiting for the device: the host cost
+         (median of REPEATS calls, each preceded by a synchronize)
+Workloads (tests/compile/blocks.py): MLP (Linear, tanh-GELU, Linear), TransformerEncoderLayer
+(8 heads, 4x feed-forward, no dropout), ResNet basic block (eval), each at a small and a
+large size. TF32 off everywhere (torch's matmul default; cuDNN's TF32 turned off for eager
+and Inductor so that all four compute float32).
+
+    python bench/blocks.py [workload ...]      (on a GPU machine)
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import saturn  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.compile.blocks import WORKLOADS, make
+
+GPU = "saturn:1"
+REPEATS = 50
+
+
+def timed(fn, x, sync) -> tuple[float, float]:
+    for _ in range(5):
+        fn(x)
+    sync()
+    calls, hosts = [], []
+    for _ in range(REPEATS):
+        sync()
+        t0 = time.perf_counter()
+        fn(x)
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        hosts.append(t1 - t0)
+        calls.append(t2 - t0)
+    return statistics.median(calls) * 1e6, statistics.median(hosts) * 1e6
+
+
+def main(names: list[str]) -> None:
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cuda_sync = torch.cuda.synchronize
+
+    def saturn_sync():
+        torch.saturn.synchronize(GPU)
+
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(f"{'workload':22s} {'impl':24s} {'call us':>9s} {'host us':>9s} {'max err':>9s}")
+    summary = []
+    for name in names:
+        model, x = make(name)
+        with torch.no_grad():
+            want = model(x)
+            m_cuda = copy.deepcopy(model).cuda()
+            xc = x.cuda()
+            rows = {}
+            rows["eager"] = (*timed(m_cuda, xc, cuda_sync), m_cuda(xc))
+            torch._dynamo.reset()
+            ind = torch.compile(m_cuda, dynamic=False)
+            rows["inductor"] = (*timed(ind, xc, cuda_sync), ind(xc))
+            torch._dynamo.reset()
+            ind_ro = torch.compile(m_cuda, mode="reduce-overhead", dynamic=False)
+            rows["inductor reduce-overhead"] = (*timed(ind_ro, xc, cuda_sync), ind_ro(xc).clone())
+            torch._dynamo.reset()
+            sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
+            xs = x.to(GPU)
+            rows["saturn"] = (*timed(sat, xs, saturn_sync), sat(xs))
+        for impl, (call, host, out) in rows.items():
+            err = (out.cpu() - want).abs().max().item()
+            print(f"{name:22s} {impl:24s} {call:9.1f} {host:9.1f} {err:9.2e}")
+        best_ind = min(rows["inductor"][0], rows["inductor reduce-overhead"][0])
+        s = rows["saturn"][0]
+        summary.append((name, rows["eager"][0] / s, best_ind / s))
+        del m_cuda, xc, ind, ind_ro, sat, xs
+        torch.cuda.empty_cache()
+    print("\nspeed-up of saturn (time of the other / time of saturn):")
+    for name, vs_eager, vs_ind in summary:
+        print(f"  {name:22s} vs eager {vs_eager:5.2f}x   vs Inductor's best mode {vs_ind:5.2f}x")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(WORKLOADS))

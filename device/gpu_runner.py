@@ -1,0 +1,302 @@
+"""The executor of a recipe on a GPU: an arena laid out by the memory plan, library plans,
+and CUDA-graph replay.
+
+Every kernel output lives at a fixed offset in one arena (``saturn.eqsat.memory``), so the
+addresses a call uses are the same from call to call. The first call runs step by step (it
+loads kernels and builds the nvmath and cuDNN plans for the layouts it sees). When replay is
+on and the program is capturable (device steps only, no crossing other than the boundary
+inputs), the second call captures the whole call's device work on saturn's stream as a CUDA
+graph and later calls replay it: one launch. Inputs are read where they lie; an input that
+arrives at a new address is staged: it gets a buffer of its own, the graph is captured once
+more reading from there, and each later call copies the input into it before the replay.
+An input whose shape or strides differ from the recipe's never reaches this point (the
+recipe checks and packs inputs first). Outputs are copied out of the arena, because the next
+call overwrites it.
+
+Rule for replay (documented in docs/decisions/0013): on for recipes whose shapes are all
+static, off when the option ``replay`` is False, when the program has host steps or
+crossings, or when a capture saw the allocator hand out memory (the graph would then
+write memory it does not own); each refusal is logged once with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from saturn.codegen import cuda as cg
+from saturn.codegen.conv import ConvParams, ConvPlan
+from saturn.codegen.gemm import GemmPlan, Layout
+from saturn.eqsat.graph import bits_float
+from saturn.eqsat.memory import plan_memory
+from saturn.eqsat.program import Step
+
+from .eager_kernels import strided_copy
+from .host_ops import run_host
+from .importer import TORCH_DTYPES
+
+log = logging.getLogger("saturn")
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def layout(t: torch.Tensor) -> Layout:
+    return Layout(_DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+class GpuRunner:
+    def __init__(self, recipe, replay: bool = True, tf32: bool = False):
+        self.r = recipe
+        self.device = recipe.device
+        self.tf32 = tf32
+        prog = recipe.program
+        self.memory = plan_memory(prog)
+        cc = torch.saturn.get_device_capability(self.device)
+        self.stream = torch.saturn.stream_handle(self.device)
+        with torch.saturn.device(self.device):
+            self.kernels: dict[str, cg.CudaKernel] = {}
+            for s in prog.steps:
+                if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
+                    self.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
+                elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
+                    raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
+        # device memory is made at the first call: compilation runs under fake tensors
+        self.arena: torch.Tensor | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.consts: dict[str, torch.Tensor] = {}
+        self.plans: dict[str, tuple[tuple, object]] = {}  # step -> (layout key, plan)
+        self.workspaces: dict[str, torch.Tensor] = {}
+        self.view_copies: dict[str, torch.Tensor] = {}  # reshapes that copy -> their buffer
+        why = self._not_capturable()
+        self.replay = replay and why is None
+        if replay and why:
+            log.info("saturn: CUDA-graph replay off for this graph: %s", why)
+        self.calls = 0
+        self.exec_ = None  # the instantiated graph
+        self.captured_outs: list[torch.Tensor] = []
+        self.captured_ptrs: tuple[int, ...] = ()  # input addresses the graph was captured with
+        self.staged: dict[int, torch.Tensor] = {}  # inputs read from a buffer of their own
+        self.captures = 0
+        self.replays = 0
+        self.lock = threading.Lock()
+
+    def _materialize(self) -> None:
+        """The arena with every kernel output's view at its planned offset, and constants."""
+        prog = self.r.program
+        with torch.saturn.device(self.device):
+            self.arena = torch.empty(
+                max(self.memory.size, 1), dtype=torch.uint8, device=self.device
+            )
+            for v, slot in self.memory.slots.items():
+                s = next(st for st in prog.steps if st.output == v)
+                raw = self.arena[slot.offset : slot.offset + slot.nbytes]
+                self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
+            self.consts = {
+                s.output: torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]]).to(
+                    self.device if s.place == "device" else "cpu"
+                )
+                for s in prog.steps
+                if s.kind == "const"
+            }
+
+    def _not_capturable(self) -> str | None:
+        inputs = set(self.r._position)
+        for s in self.r.program.steps:
+            if s.kind == "host":
+                return f"host step {s.op}"
+            if s.kind == "crossing" and s.args[0] not in inputs:
+                return f"a crossing ({s.op}) inside the graph"
+            if s.kind == "crossing":
+                return "inputs cross to the device on every call"
+        return None
+
+    # --- running steps -------------------------------------------------------------------
+
+    def _steps(self, prepared: list[torch.Tensor], stats) -> dict:
+        env: dict[str, object] = {}
+        position = self.r._position
+        for s in self.r.program.steps:
+            if s.kind == "input":
+                i = position[s.output]
+                env[s.output] = self.staged.get(i, prepared[i])
+            elif s.kind == "const":
+                env[s.output] = self.consts[s.output]
+            elif s.kind == "view":
+                env[s.output] = self._view(s, env[s.args[0]])
+            elif s.kind == "kernel":
+                stats.launches += 1
+                self._kernel(s, env)
+                env[s.output] = self.buffers[s.output]
+            else:  # crossings and host steps (never captured: see _not_capturable)
+                env[s.output] = self.r._step(s, env, stats)
+        return env
+
+    def _view(self, s: Step, src: torch.Tensor) -> torch.Tensor:
+        """A view step. A reshape that cannot view its source copies it: the first call
+        keeps the buffer that copy made, and later calls copy into it again (a captured
+        call must not allocate)."""
+        buf = self.view_copies.get(s.output)
+        if buf is not None:
+            strided_copy(src, buf.view(src.shape))
+            return buf
+        out = run_host(s.op, [src], s.attrs, {})
+        if (
+            isinstance(src, torch.Tensor)
+            and src.device == self.device
+            and out.numel()
+            and out.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()
+        ):
+            self.view_copies[s.output] = out
+        return out
+
+    def _kernel(self, s: Step, env: dict) -> None:
+        k = s.kernel
+        ops = [env[o.value] for o in k.inputs]
+        out = self.buffers[s.output]
+        for o, t in zip(k.inputs, ops, strict=True):
+            if tuple(t.shape) != tuple(o.shape):
+                raise RuntimeError(
+                    f"kernel {s.output}: operand of shape {list(t.shape)}, "
+                    f"compiled for {list(o.shape)}"
+                )
+        if k.kind in ("loop", "reduce"):
+            ops = [
+                t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
+                for o, t in zip(k.inputs, ops, strict=True)
+            ]
+            self.kernels[s.output].launch(
+                self.stream,
+                out.data_ptr(),
+                [t.data_ptr() for t in ops],
+                [tuple(t.shape) for t in ops],
+                [tuple(t.stride()) for t in ops],
+            )
+            return
+        key = tuple(layout(t) for t in ops)
+        have = self.plans.get(s.output)
+        ptrs = tuple(t.data_ptr() for t in ops)
+        if k.kind == "gemm":
+            if have is None or have[0] != key:
+                bias = key[2] if len(key) == 3 else None
+                plan = GemmPlan(
+                    key[0],
+                    key[1],
+                    layout(out),
+                    k.attrs["epilogue"],
+                    bias,
+                    (*ptrs[:2], out.data_ptr(), *ptrs[2:]),
+                    self.stream,
+                    self.tf32,
+                )
+                have = self.plans[s.output] = (key, plan)
+            have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
+            return
+        # conv
+        if have is None or have[0] != key:
+            a = k.attrs
+            plan = ConvPlan(
+                key[0],
+                key[1],
+                key[2] if a["bias"] else None,
+                layout(out),
+                ConvParams(
+                    tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
+                ),
+                self.stream,
+                self.tf32,
+            )
+            self.workspaces[s.output] = torch.empty(
+                max(plan.workspace_size, 1), dtype=torch.uint8, device=self.device
+            )
+            have = self.plans[s.output] = (key, plan)
+        have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+
+    # --- a call ------------------------------------------------------------------------------
+
+    def __call__(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
+        with self.lock:
+            if self.arena is None:
+                self._materialize()
+            self.calls += 1
+            if not self.replay or self.calls == 1:
+                env = self._steps(prepared, stats)
+                outs = [env[v] for v in self.r.program.outputs]
+                # the arena is overwritten by the next call: hand out copies of its values
+                return [t.clone() if self._in_arena(t) else t for t in outs]
+            outs = self._replayed(prepared, stats)
+            return [t.clone() for t in outs]  # a replay's outputs all lie in fixed memory
+
+    def _in_arena(self, t: torch.Tensor) -> bool:
+        return t.device == self.device and t.untyped_storage().data_ptr() == self.arena.data_ptr()
+
+    def _replayed(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
+        from cuda.bindings import driver as drv
+
+        ptrs = tuple(t.data_ptr() for t in prepared)
+        if self.exec_ is not None and self.captured_ptrs != ptrs:
+            moved = [
+                i
+                for i, (a, b) in enumerate(zip(self.captured_ptrs, ptrs, strict=True))
+                if a != b and i not in self.staged
+            ]
+            if moved:
+                for i in moved:
+                    self.staged[i] = torch.empty_like(prepared[i])
+                self._release()  # capture again, reading the staged copies
+        for i, buf in self.staged.items():
+            buf.copy_(prepared[i])
+        if self.exec_ is None:
+            if not self._capture(prepared, stats):
+                self.replay = False
+                env = self._steps(prepared, stats)
+                return [env[v] for v in self.r.program.outputs]
+            self.captured_ptrs = ptrs
+        self._check(drv.cuGraphLaunch(self.exec_, self.stream), "cuGraphLaunch")
+        self.replays += 1
+        stats.launches += 1
+        return self.captured_outs
+
+    def _release(self) -> None:
+        from cuda.bindings import driver as drv
+
+        if self.exec_ is not None:
+            drv.cuGraphExecDestroy(self.exec_)
+        self.exec_, self.captured_outs, self.captured_ptrs = None, [], ()
+
+    def _capture(self, prepared, stats) -> bool:
+        """Capture one call's device work as a graph; False when it is not safe to replay."""
+        from cuda.bindings import driver as drv
+
+        before = torch.saturn.memory_stats(self.device)
+        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._check(drv.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        try:
+            env = self._steps(prepared, stats)
+        finally:
+            err, graph = drv.cuStreamEndCapture(self.stream)
+        self._check((err,), "cuStreamEndCapture")
+        after = torch.saturn.memory_stats(self.device)
+        allocated = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
+        if allocated:
+            log.warning(
+                "saturn: CUDA-graph replay off for this graph: %d allocation(s) during capture",
+                allocated,
+            )
+            drv.cuGraphDestroy(graph)
+            return False
+        err, exec_ = drv.cuGraphInstantiate(graph, 0)
+        self._check((err,), "cuGraphInstantiate")
+        drv.cuGraphDestroy(graph)
+        self.captures += 1
+        self.exec_ = exec_
+        self.captured_outs = [env[v] for v in self.r.program.outputs]
+        return True
+
+    @staticmethod
+    def _check(res, what: str) -> None:
+        from cuda.bindings import driver as drv
+
+        err = res[0] if isinstance(res, tuple) else res
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"saturn: {what} failed: {err}")
