@@ -1,7 +1,8 @@
 """Matrix multiplies through nvmath-python's cuBLASLt ``Matmul``, planned once.
 
 A plan is made for one set of operand layouts (shapes, strides in elements, dtype) and an
-epilogue, and executed on saturn's stream with the pointers of each call; a pointer that
+epilogue (cuBLASLt's heuristic candidates timed on the first call's operands, keeping the
+fastest), and executed on saturn's stream with the pointers of each call; a pointer that
 changed since the last call is rebound with ``reset_operands`` (the executor's memory plan
 keeps intermediates at fixed addresses, so in steady state nothing is rebound). The product
 is written in place into the output buffer (``inplace`` with beta = 0: cuBLASLt does not
@@ -75,6 +76,7 @@ class GemmPlan:
         ptrs: tuple[int, ...],
         stream: int,
         tf32: bool = False,
+        autotune: bool = True,
     ):
         if epilogue not in EPILOGUES:
             raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
@@ -92,6 +94,7 @@ class GemmPlan:
         self.epilogue = epilogue
         self.stream = stream
         self.tf32 = tf32
+        self.autotune = autotune  # time the candidates on the first call's own operands
         self.transposed = bias is not None
         self._ptrs: tuple[int, ...] | None = None
         self._build(ptrs)
@@ -133,7 +136,10 @@ class GemmPlan:
                 "relu_bias": MatmulEpilog.RELU_BIAS,
                 "gelu_bias": MatmulEpilog.GELU_BIAS,
             }[self.epilogue]
+            # a few candidate algorithms from cuBLASLt's heuristics, timed on these operands
             self.mm.plan(epilog=epilog, epilog_inputs=epi, stream=self.stream)
+            if self.autotune:
+                self.mm.autotune(iterations=3, stream=self.stream)
         except GemmError:
             raise
         except Exception as e:  # nvmath's own message says which layout it refused

@@ -68,6 +68,7 @@ class GpuRunner:
         self.plans: dict[str, tuple[tuple, object]] = {}  # step -> (layout key, plan)
         self.workspaces: dict[str, torch.Tensor] = {}
         self.view_copies: dict[str, torch.Tensor] = {}  # reshapes that copy -> their buffer
+        self._scratch: torch.Tensor | None = None
         why = self._not_capturable()
         self.replay = replay and why is None
         if replay and why:
@@ -150,6 +151,15 @@ class GpuRunner:
             self.view_copies[s.output] = out
         return out
 
+    def _workspace(self, nbytes: int, keep: bool = True):
+        """Scratch device memory for tuning (one buffer, grown as needed; its address) or,
+        with ``keep=False``, a buffer of a plan's own (the tensor)."""
+        if not keep:
+            return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        return self._scratch.data_ptr()
+
     def _kernel(self, s: Step, env: dict) -> None:
         k = s.kernel
         ops = [env[o.value] for o in k.inputs]
@@ -206,9 +216,9 @@ class GpuRunner:
                 self.stream,
                 self.tf32,
             )
-            self.workspaces[s.output] = torch.empty(
-                max(plan.workspace_size, 1), dtype=torch.uint8, device=self.device
-            )
+            plan.autotune((*ptrs, out.data_ptr()), self._workspace)
+            self._scratch = None
+            self.workspaces[s.output] = self._workspace(plan.workspace_size, keep=False)
             have = self.plans[s.output] = (key, plan)
         have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
 
@@ -223,9 +233,25 @@ class GpuRunner:
                 env = self._steps(prepared, stats)
                 outs = [env[v] for v in self.r.program.outputs]
                 # the arena is overwritten by the next call: hand out copies of its values
-                return [t.clone() if self._in_arena(t) else t for t in outs]
+                return [self._copy_out(t) if self._in_arena(t) else t for t in outs]
             outs = self._replayed(prepared, stats)
-            return [t.clone() for t in outs]  # a replay's outputs all lie in fixed memory
+            return [self._copy_out(t) for t in outs]  # a replay's outputs lie in fixed memory
+
+    def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
+        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed."""
+        if not t.is_contiguous() or t.device != self.device:
+            return t.clone()
+        from cuda.bindings import driver as drv
+
+        out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+        if t.numel():
+            self._check(
+                drv.cuMemcpyDtoDAsync(
+                    out.data_ptr(), t.data_ptr(), t.numel() * t.element_size(), self.stream
+                ),
+                "cuMemcpyDtoDAsync",
+            )
+        return out
 
     def _in_arena(self, t: torch.Tensor) -> bool:
         return t.device == self.device and t.untyped_storage().data_ptr() == self.arena.data_ptr()

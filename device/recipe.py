@@ -40,14 +40,6 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     )
 
 
-def packed_strides(shape) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(out))
-
-
 @dataclass
 class InputSpec:
     dtype: torch.dtype
@@ -185,14 +177,13 @@ class Recipe:
         spec = self.inputs[i]
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"saturn recipe input {i} is {type(t).__name__}, not a tensor")
-        if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+        if t.dtype != spec.dtype or t.shape != spec.shape:
             raise RuntimeError(
                 f"saturn recipe input {i}: compiled for {spec.dtype}{list(spec.shape)}, "
                 f"got {t.dtype}{list(t.shape)}"
             )
         want = self.device if self.io_on_device else torch.device("cpu")
-        packed = t.numel() <= 1 or tuple(t.stride()) == packed_strides(t.shape)
-        if t.device == want and packed:
+        if t.device == want and t.is_contiguous():  # packed (size-1 axes' strides unused)
             return t
         return self._copy(("in", i), t, want, stats)
 
