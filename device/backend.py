@@ -77,7 +77,10 @@ def _rules_digest(opts: Options) -> tuple:
 
     from saturn.eqsat.rules import rule_files
 
-    return tuple((str(p), p.read_bytes()) for p in rule_files(list(opts.rules)) if Path(p).exists())
+    from .custom_ops import pattern_files
+
+    files = rule_files([*opts.rules, *pattern_files(list(opts.rewrites))])
+    return tuple((str(p), p.read_bytes()) for p in files if Path(p).exists())
 
 
 def graph_key(gm: torch.fx.GraphModule, opts: Options) -> tuple:
@@ -110,6 +113,20 @@ def graph_key(gm: torch.fx.GraphModule, opts: Options) -> tuple:
     return (tuple(parts), opts.key(), _rules_digest(opts))
 
 
+def _generated_rules(text: str):
+    """A rule file saturn generated for one compile, kept in the cache by its content."""
+    import hashlib
+
+    from saturn.codegen.sources import cache_dir, write_atomic
+
+    d = cache_dir("generated-rules")
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"rules_{hashlib.sha256(text.encode()).hexdigest()[:16]}.egg"
+    if not path.exists():
+        write_atomic(path, text.encode())
+    return path
+
+
 def _devices_of(example_inputs) -> set[str]:
     return {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
 
@@ -128,10 +145,17 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
         if devs != {device}:
             raise UnsupportedError(f"inputs on {sorted(map(str, devs))}, compile target {device}")
+    from saturn.eqsat.rules import OPT_IN_RULESETS
+
+    from .custom_ops import pattern_files, placement_rules
+
+    rules = [*opts.rules, *pattern_files(list(opts.rewrites))]
+    if imported.custom_nodes:
+        rules.append(_generated_rules(placement_rules(imported.custom_nodes, imported.graph)))
     compiled = compile_graph(
         imported.graph,
-        rules=list(opts.rules),
-        rewrites=list(opts.rewrites),
+        rules=rules,
+        rewrites=[r for r in opts.rewrites if r in OPT_IN_RULESETS],
         bounds=opts.bounds,
         machine="gpu" if device.index >= 1 else "cpu-reference",
         io_on_device=io_on_device,

@@ -54,11 +54,19 @@ class GpuRunner:
         self.memory = plan_memory(prog)
         cc = torch.saturn.get_device_capability(self.device)
         self.stream = torch.saturn.stream_handle(self.device)
+        self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
                 if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
                     self.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
+                elif s.kind == "kernel" and s.kernel.kind == "custom":
+                    from .custom_ops import resolve
+
+                    try:
+                        self.custom[s.output] = resolve(s.kernel.attrs["name"], recipe.host_calls)
+                    except RuntimeError as e:  # e.g. the built-in "rmsnorm" pattern's kernel
+                        raise NotImplementedError(str(e)) from None
                 elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
         # device memory is made at the first call: compilation runs under fake tensors
@@ -182,6 +190,10 @@ class GpuRunner:
                 [tuple(t.shape) for t in ops],
                 [tuple(t.stride()) for t in ops],
             )
+            return
+        if k.kind == "custom":
+            op, build = self.custom[s.output]
+            op.run_into(out, build(ops, k.attrs["eps_bits"]))
             return
         key = tuple(layout(t) for t in ops)
         have = self.plans.get(s.output)

@@ -64,6 +64,13 @@ ADAPTERS = {
 
 
 def call_opaque(call: HostCall, tensors: list):
+    args, kwargs = call_args(call, tensors)
+    return _aten(call.target)(*args, **kwargs)
+
+
+def call_args(call: HostCall, tensors: list) -> tuple[list, dict]:
+    """The call's positional and keyword arguments with its tensor slots filled."""
+
     def conv(a):
         if isinstance(a, list):
             return [conv(x) for x in a]
@@ -73,9 +80,7 @@ def call_opaque(call: HostCall, tensors: list):
             return tuple(conv(x) for x in a)
         return a
 
-    args = [conv(a) for a in call.args]
-    kwargs = {k: conv(v) for k, v in call.kwargs.items()}
-    return _aten(call.target)(*args, **kwargs)
+    return [conv(a) for a in call.args], {k: conv(v) for k, v in call.kwargs.items()}
 
 
 def run_host(op: str, args: list, attrs: tuple, host_calls: dict[str, HostCall]):

@@ -55,6 +55,7 @@ class Imported:
     output_meta: list[tuple[str, tuple[int, ...]] | None]  # (dtype, shape) per position
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
+    custom_nodes: dict[str, int] = field(default_factory=dict)  # placed as Custom kernels
 
 
 def _meta(node: torch.fx.Node):
@@ -86,6 +87,7 @@ class _Importer:
         self.env: dict[str, str] = {}  # FX node name -> graph node name
         self.host_calls: dict[str, HostCall] = {}
         self.fx_names: dict[str, str] = {}
+        self.custom_nodes: dict[str, int] = {}  # node -> tensor operands (device custom ops)
         self.count = 0
 
     def fresh(self, stem: str) -> str:
@@ -178,6 +180,12 @@ class _Importer:
             raise UnsupportedError(f"{node.name} calls {target}, not an ATen op")
         handler = _HANDLERS.get(str(target))
         name = None
+        from .custom_ops import by_target
+
+        custom = by_target(str(target))
+        if custom is not None:
+            self.env[node.name] = self.custom(node, custom)
+            return
         if handler is not None:
             name = handler(self, node)
         if name is None:
@@ -185,6 +193,39 @@ class _Importer:
             if row is not None and row.category == ot.ELEMENTWISE and not node.kwargs:
                 name = self.elementwise(node, row)
         self.env[node.name] = name if name is not None else self.opaque(node)
+
+    def custom(self, node: torch.fx.Node, op) -> str:
+        """A saturn custom op: an expression is inlined (it fuses with its neighbours); a
+        kernel or host op whose dtypes it takes and whose output is typed like its first
+        tensor operand becomes a node the compiler places on the device as one ``Custom``
+        kernel; anything else stays an opaque call of the op (its reference on the host)."""
+        tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        types = [_tensor_type(a) for a in tensors]
+        dtype, shape = _tensor_type(node)
+        taken = all(TORCH_DTYPES[d] in op.dtypes for d, _ in types if d in ot.FLOATS)
+        if op.kind == "expression" and taken and len(tensors) == len(node.args):
+            sub = op.expression_graph(types)
+            mapped = {}
+            for n in sub.nodes.values():
+                if n.op == "Input":
+                    mapped[n.name] = self.env[tensors[op.tensor_args.index(n.name)].name]
+                    continue
+                new = Node(
+                    self.fresh(f"{node.name}.{n.op.lower()}"),
+                    n.op,
+                    tuple(mapped[a] for a in n.args),
+                    n.attrs,
+                    n.dtype,
+                    n.shape,
+                )
+                mapped[n.name] = self.add(new)
+            out = mapped[sub.outputs[0]]
+            self.fx_names[out] = node.name
+            return out
+        name = self.opaque(node)
+        if op.kind != "expression" and taken and types and (dtype, shape) == types[0]:
+            self.custom_nodes[name] = len(self.g.nodes[name].args)
+        return name
 
     def getitem(self, node: torch.fx.Node) -> str:
         src, index = node.args
@@ -597,4 +638,6 @@ def import_graph(gm: torch.fx.GraphModule) -> Imported:
     imp.g.outputs = [o for o in outputs if o is not None]
     if not imp.g.outputs:
         raise UnsupportedError("the graph returns no tensor")
-    return Imported(imp.g, inputs, meta, outputs, out_meta, imp.host_calls, imp.fx_names)
+    return Imported(
+        imp.g, inputs, meta, outputs, out_meta, imp.host_calls, imp.fx_names, imp.custom_nodes
+    )

@@ -57,10 +57,13 @@ def parse(options: dict | None) -> Options:
     if d.type != "saturn":
         raise ValueError(f"saturn: option device must be a saturn device, got {device!r}")
     torch.saturn.device(d)  # raises for an index that does not exist
+    from .custom_ops import pattern_rulesets
+
     rewrites = tuple(options.get("rewrites", ()))
-    bad = [r for r in rewrites if r not in OPT_IN_RULESETS]
+    valid = [*OPT_IN_RULESETS, *pattern_rulesets()]  # saturn's and custom ops' patterns
+    bad = [r for r in rewrites if r not in valid]
     if bad:
-        raise ValueError(f"saturn: unknown rewrites {bad}; valid: {list(OPT_IN_RULESETS)}")
+        raise ValueError(f"saturn: unknown rewrites {bad}; valid: {valid}")
     rules = options.get("rules", ())
     rules = (rules,) if isinstance(rules, str) else tuple(str(r) for r in rules)
     return Options(

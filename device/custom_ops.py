@@ -1,0 +1,350 @@
+"""``saturn.custom_op``: operations users add that saturn's eager path, compiler and tests
+all understand, built on ``torch.library``.
+
+An operation declares its schema, a reference implementation in PyTorch (run on the host,
+on saturn:0 where no kernel runs, for dtypes the kernel does not take, as the test oracle,
+and on meta tensors for shapes), the dtypes its kernel takes, and exactly one kind of
+implementation:
+
+* ``expression``: an elementwise expression in saturn's graph language over the tensor
+  arguments' names, e.g. ``"(Mul x (Sigmoid (Mul x (Scalar 1.702 T))))"``; every constant
+  carries a dtype, and ``T`` stands for the first tensor argument's. Compiled graphs
+  inline it, so it fuses with its neighbours; eager calls compile it alone.
+* ``kernel`` + ``launch``: a Numba CUDA kernel called as ``kernel(out, *tensors, *scalars)``
+  (every tensor packed and flattened to 1-D) and a function of the call's arguments
+  returning ``(grid, block, shared_bytes, scalars)``.
+  The op's output must have its first tensor argument's dtype and shape (a kernel writes an
+  output shaped like its input; the op is then placed on the device as one ``Custom`` kernel).
+* ``host``: a Python function of the call's arguments (saturn tensors) for work that needs
+  host code, called as ``host(out, *args)``; the same placement as a kernel.
+
+A per-op fallback counter counts the calls where the reference ran because the kernel could
+not (saturn:0, a dtype the kernel does not take, a CPU tensor). An op may ship a pattern file
+(``.egg``) declaring one ruleset; a compile runs it only when asked by that ruleset's name
+in ``rewrites``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from saturn.eqsat.errors import EqsatError
+from saturn.eqsat.graph import Graph, parse_graph
+
+from .importer import DTYPES
+
+REGISTRY: dict[str, CustomOp] = {}  # qualified name "ns::op" -> op
+_COUNTS: Counter = Counter()
+_LOCK = threading.Lock()
+_LIBS: dict[str, torch.library.Library] = {}
+
+
+class CustomOpError(ValueError):
+    """A custom op definition saturn refuses; the message names the op."""
+
+
+def fallback_counts() -> dict[str, int]:
+    """Per custom op: calls where the reference ran because the kernel could not."""
+    with _LOCK:
+        return dict(_COUNTS)
+
+
+@dataclass
+class CustomOp:
+    name: str  # "ns::op"
+    schema: torch._C.FunctionSchema
+    reference: Callable
+    dtypes: tuple[torch.dtype, ...]
+    expression: str | None = None
+    kernel: object = None
+    launch: Callable | None = None
+    host: Callable | None = None
+    pattern: Path | None = None
+    pattern_ruleset: str | None = None
+    _eager: dict = field(default_factory=dict, repr=False)  # expression recipes by types
+
+    @property
+    def kind(self) -> str:
+        return "expression" if self.expression else "kernel" if self.kernel else "host"
+
+    @property
+    def target(self) -> str:
+        """How the op appears as an FX node target."""
+        ns, op = self.name.split("::")
+        return f"{ns}.{op}.default"
+
+    @property
+    def tensor_args(self) -> list[str]:
+        return [a.name for a in self.schema.arguments if _is_tensor(a)]
+
+    def __call__(self, *args, **kwargs):
+        ns, op = self.name.split("::")
+        return getattr(getattr(torch.ops, ns), op)(*args, **kwargs)
+
+    # --- eager ---------------------------------------------------------------------------
+
+    def takes(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether saturn's implementation runs for these operands (else the reference)."""
+        if not tensors or any(t.device.type != "saturn" for t in tensors):
+            return False
+        if any(t.dtype not in self.dtypes for t in tensors if t.is_floating_point()):
+            return False
+        gpu = tensors[0].device.index >= 1
+        return self.kind == "expression" or gpu
+
+    def run_reference(self, *args):
+        """The reference on host copies, the result back where the inputs were."""
+        with _LOCK:
+            _COUNTS[self.name] += 1
+        dev = next(a.device for a in args if isinstance(a, torch.Tensor))
+        host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+        out = self.reference(*host)
+        return out.to(dev)
+
+    def device_impl(self, *args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not self.takes(tensors):
+            return self.run_reference(*args)
+        if self.kind == "expression":
+            return self._run_expression(tensors)
+        first = tensors[0]
+        out = torch.empty(first.shape, dtype=first.dtype, device=first.device)
+        self.run_into(out, list(args))
+        return out
+
+    def run_into(self, out: torch.Tensor, args: list) -> None:
+        """The kernel (or host function) writing ``out``: the compiled path calls this
+        with the recipe's own buffer."""
+        if self.kind == "host":
+            self.host(out, *args)
+            return
+        from numba import cuda
+
+        grid, block, shared, scalars = self.launch(*args)
+        # kernels see every tensor packed and flattened (1-D); shapes travel as scalars
+        tensors = [_Array(a.contiguous().view(-1)) for a in args if isinstance(a, torch.Tensor)]
+        stream = cuda.external_stream(torch.saturn.stream_handle(out.device))
+        with torch.saturn.device(out.device):
+            self.kernel[grid, block, stream, shared](_Array(out.view(-1)), *tensors, *scalars)
+
+    def _run_expression(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        key = (tensors[0].device, tuple((t.dtype, tuple(t.shape)) for t in tensors))
+        recipe = self._eager.get(key)
+        if recipe is None:
+            recipe = self._eager[key] = _expression_recipe(self, tensors)
+        (out,) = recipe([t if t.is_contiguous() else t.contiguous() for t in tensors])
+        return out
+
+    # --- the compiler's view -------------------------------------------------------------
+
+    def expression_graph(self, types: list[tuple[str, tuple[int, ...]]]) -> Graph:
+        """The expression as a graph over inputs of the given (dtype, shape)s."""
+        lines = [
+            f"(input {n} {d} [{' '.join(map(str, s))}])"
+            for n, (d, s) in zip(self.tensor_args, types, strict=True)
+        ]
+        # a constant typed T takes the first tensor argument's dtype
+        expr = re.sub(r"\(Scalar (\S+) T\)", rf"(Scalar \1 {types[0][0]})", self.expression)
+        lines += [f"(let result {expr})", "(output result)"]
+        return parse_graph("\n".join(lines) + "\n", f"<{self.name} expression>")
+
+
+class _Array:
+    """A saturn GPU tensor for Numba: its CUDA array interface without a stream, so that
+    Numba does not synchronise (the launch is ordered on saturn's stream)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, t: torch.Tensor):
+        cai = dict(t.__cuda_array_interface__)
+        cai["stream"] = None
+        self.__cuda_array_interface__ = cai
+
+
+def _is_tensor(arg) -> bool:
+    return isinstance(arg.type, torch._C.TensorType)
+
+
+def _expression_recipe(op: CustomOp, tensors: list[torch.Tensor]):
+    from saturn.eqsat.pipeline import compile_graph
+
+    from .recipe import InputSpec, Recipe
+
+    graph = op.expression_graph([(DTYPES[t.dtype], tuple(t.shape)) for t in tensors])
+    device = tensors[0].device
+    compiled = compile_graph(
+        graph, machine="gpu" if device.index >= 1 else "cpu-reference", io_on_device=True
+    )
+    out = graph.nodes[graph.outputs[0]]
+    from .importer import TORCH_DTYPES
+
+    recipe = Recipe(
+        program=compiled.program,
+        device=device,
+        io_on_device=True,
+        inputs=[InputSpec(t.dtype, tuple(t.shape)) for t in tensors],
+        output_spec=[0],
+        output_types=[InputSpec(TORCH_DTYPES[out.dtype], tuple(out.shape))],
+        host_calls={},
+        input_names=list(op.tensor_args),
+        replay=False,
+    )
+    recipe.prepare()
+    return recipe
+
+
+_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*$")
+
+
+def custom_op(
+    name: str,
+    schema: str,
+    *,
+    reference: Callable,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    expression: str | None = None,
+    kernel=None,
+    launch: Callable | None = None,
+    host: Callable | None = None,
+    mutates_args: tuple[str, ...] = (),
+    backward: Callable | None = None,
+    setup_context: Callable | None = None,
+    pattern: str | Path | None = None,
+) -> CustomOp:
+    """Define ``name`` ("namespace::op") with ``schema`` ("(Tensor x, float eps) -> Tensor").
+
+    Raises ``CustomOpError`` naming the op when the definition is inconsistent."""
+
+    def fail(msg: str):
+        raise CustomOpError(f"custom op {name}: {msg}")
+
+    if not _NAME.match(name):
+        fail('the name must be "namespace::op"')
+    if name in REGISTRY:
+        fail("already defined")
+    try:
+        parsed = torch._C.parse_schema(f"{name}{schema}")
+    except RuntimeError as e:
+        fail(f"schema {schema!r} does not parse: {str(e).splitlines()[0]}")
+    kinds = [k for k, v in (("expression", expression), ("kernel", kernel), ("host", host)) if v]
+    if len(kinds) != 1:
+        fail(f"declare exactly one of expression, kernel, host (got {kinds or 'none'})")
+    if kernel is not None and launch is None:
+        fail("a kernel needs a launch function returning (grid, block, shared, scalars)")
+    params = list(inspect.signature(reference).parameters)
+    names = [a.name for a in parsed.arguments]
+    if params != names:
+        fail(f"the reference takes {params}, the schema declares {names}")
+    mutated = sorted(
+        a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write
+    )
+    if mutated != sorted(mutates_args):
+        fail(f"mutates_args {sorted(mutates_args)} but the schema writes {mutated}")
+    if len(parsed.returns) != 1 or not isinstance(parsed.returns[0].type, torch._C.TensorType):
+        fail("must return exactly one tensor")
+    if not any(_is_tensor(a) for a in parsed.arguments):
+        fail("takes no tensor")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        fail(f"dtypes {bad} are not saturn dtypes")
+    op = CustomOp(name, parsed, reference, tuple(dtypes), expression, kernel, launch, host)
+    if expression is not None:
+        others = [a.name for a in parsed.arguments if not _is_tensor(a)]
+        if others:
+            fail(f"an expression takes tensors only; {others} are not")
+        try:  # parse it once over float32 scalars: untyped constants and bad ops raise here
+            op.expression_graph([("f32", ())] * len(op.tensor_args))
+        except EqsatError as e:
+            fail(f"expression: {e}")
+    if pattern is not None:
+        p = Path(pattern)
+        if not p.exists():
+            fail(f"pattern file {p} does not exist")
+        m = re.search(r"\(ruleset\s+([^\s)]+)\)", p.read_text())
+        if not m:
+            fail(f"pattern file {p} declares no ruleset")
+        op.pattern, op.pattern_ruleset = p.resolve(), m.group(1)
+    ns, opname = name.split("::")
+    lib = _LIBS.get(ns)
+    if lib is None:
+        lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
+    lib.define(f"{opname}{schema}")
+    lib.impl(opname, reference, "CPU")
+    lib.impl(opname, op.device_impl, "PrivateUse1")
+    torch.library.register_fake(name, reference, lib=lib)
+    if backward is not None:
+        torch.library.register_autograd(name, backward, setup_context=setup_context, lib=lib)
+    REGISTRY[name] = op
+    return op
+
+
+def by_target(target: str) -> CustomOp | None:
+    """The custom op an FX node calls (``ns.op.default``), if it is one."""
+    for op in REGISTRY.values():
+        if op.target == target:
+            return op
+    return None
+
+
+def pattern_files(rewrites: list[str]) -> list[Path]:
+    """The pattern files of the custom ops whose ruleset a compile asks for."""
+    return [op.pattern for op in REGISTRY.values() if op.pattern_ruleset in rewrites]
+
+
+def pattern_rulesets() -> list[str]:
+    return [op.pattern_ruleset for op in REGISTRY.values() if op.pattern_ruleset]
+
+
+def resolve(name: str, host_calls: dict) -> tuple[CustomOp, Callable[[list, int], list]]:
+    """The op a ``Custom`` kernel named ``name`` runs, and how to build its arguments from
+    the kernel's tensors and float-attribute bits. ``name`` is a host call (an op node of the
+    graph, placed on the device) or an op's own name (a pattern's result, whose one float
+    argument, if any, travels as the attribute's bits)."""
+    from saturn.eqsat.graph import bits_float
+
+    from .host_ops import call_args
+
+    call = host_calls.get(name)
+    if call is not None:
+        op = by_target(call.target)
+        if op is None:
+            raise RuntimeError(f"custom kernel {name}: {call.target} is not a saturn custom op")
+        return op, lambda tensors, bits: call_args(call, tensors)[0]
+    op = REGISTRY.get(name)
+    if op is None:
+        raise RuntimeError(f"custom kernel {name}: no custom op of that name is defined")
+
+    def build(tensors: list, bits: int) -> list:
+        it = iter(tensors)
+        return [next(it) if _is_tensor(a) else bits_float(bits) for a in op.schema.arguments]
+
+    return op, build
+
+
+def placement_rules(custom_nodes: dict[str, int], graph: Graph) -> str:
+    """egglog rules placing each custom-op node on the device as one ``Custom`` kernel (the
+    importer has checked its dtypes and that its output is typed like its first operand)."""
+    lines = ["(ruleset custom-placement)"]
+    for name, arity in sorted(custom_nodes.items()):
+        node = graph.nodes[name]
+        label = node.attrs[0]
+        xs = [f"a{i}" for i in range(arity)]
+        host = "(TNil)"
+        dev = "(TNil)"
+        for x in reversed(xs):
+            host = f"(TCons {x} {host})"
+            dev = f"(TCons (ToDev {x}) {dev})"
+        lines.append(
+            f'(rule ((= e (Opaque "{label}" u {host}))) '
+            f'((union e (ToHost (Custom "{label}" {dev} 0)))) '
+            f':ruleset custom-placement :name "place-custom-{label}")'
+        )
+    return "\n".join(lines) + "\n"

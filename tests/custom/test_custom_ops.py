@@ -1,0 +1,234 @@
+"""saturn.custom_op: definition checks, the three shipped examples (a Numba kernel, an
+expression, a kernel replacing softmax) against their references on saturn:0 and (gpu)
+saturn:1 with per-op fallback counts, fusion of the expression, the RMSNorm pattern finding
+a block written in plain PyTorch, a registered autograd formula in training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import saturn
+import saturn.library as lib
+from saturn import backend
+from saturn.custom_ops import CustomOpError, custom_op, fallback_counts
+
+
+def last_program():
+    return next(reversed(backend.CACHE.items.values())).compiled.program
+
+
+def counts_delta(before: dict) -> dict:
+    after = fallback_counts()
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+# --- definition checks ----------------------------------------------------------------
+
+
+def _ref(x):
+    return x
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"name": "noname", "schema": "(Tensor x) -> Tensor"}, "namespace::op"),
+        ({"schema": "(Tensor x -> Tensor"}, "does not parse"),
+        ({"schema": "(Tensor y) -> Tensor"}, "the reference takes ['x']"),
+        ({"schema": "(Tensor x) -> Tensor", "expression": None}, "exactly one of"),
+        ({"schema": "(Tensor x) -> Tensor", "host": _ref}, "exactly one of"),
+        ({"schema": "(Tensor x) -> Tensor", "expression": "(Mul x (Scalar 2.0))"}, "expression"),
+        ({"schema": "(Tensor x) -> Tensor", "expression": "(Frob x)"}, "expression"),
+        ({"schema": "(Tensor(a!) x) -> Tensor"}, "mutates_args [] but the schema writes ['x']"),
+        ({"schema": "(Tensor x) -> (Tensor, Tensor)"}, "exactly one tensor"),
+    ],
+)
+def test_bad_definitions_raise_naming_the_op(kwargs, message):
+    args = {"name": "saturn_test::bad", "reference": _ref, "expression": "(Neg x)", **kwargs}
+    name, schema = args.pop("name"), args.pop("schema")
+    with pytest.raises(CustomOpError, match=r"custom op " + name.replace(":", r"\:") + ".*"):
+        try:
+            custom_op(name, schema, **args)
+        except CustomOpError as e:
+            assert message in str(e), str(e)
+            raise
+
+
+def test_kernel_needs_a_launch_function():
+    with pytest.raises(CustomOpError, match="launch function"):
+        custom_op("saturn_test::nolaunch", "(Tensor x) -> Tensor", reference=_ref, kernel=object())
+
+
+# --- the shipped examples, eagerly ----------------------------------------------------
+
+
+def _inputs(dtype=torch.float32):
+    torch.manual_seed(0)
+    return torch.randn(6, 300, dtype=dtype), torch.randn(300, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_examples_match_their_references(dev, dtype):
+    x, w = _inputs(dtype)
+    xs, ws = x.to(dev), w.to(dev)
+    gpu = dev != "saturn:0"
+    cases = [
+        ("saturn::rmsnorm", lambda: lib.rmsnorm(xs, ws, 1e-6), lib._rmsnorm_reference(x, w, 1e-6)),
+        ("saturn::gelu_fast", lambda: lib.gelu_fast(xs), lib._gelu_reference(x)),
+        ("saturn::softmax", lambda: lib.softmax(xs), lib._softmax_reference(x)),
+    ]
+    for name, run, want in cases:
+        before = fallback_counts()
+        fb = saturn.fallback_counts()
+        got = run()
+        assert got.device == torch.device(dev)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+        op = saturn.custom_ops.REGISTRY[name]
+        # the kernel runs for its dtypes on a GPU; an expression runs wherever saturn does
+        ran_kernel = op.kind == "expression" or (gpu and dtype in op.dtypes)
+        assert counts_delta(before) == ({} if ran_kernel else {name: 1}), name
+        assert saturn.fallback_counts() == fb  # never saturn's generic CPU fallback
+
+
+# --- compiled ---------------------------------------------------------------------------
+
+
+def test_expression_fuses_with_its_neighbours_without_a_graph_break(dev):
+    x, _ = _inputs()
+
+    def f(x):
+        return lib.gelu_fast(x * 2.0) + 1.0
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(x.to(dev)).graph_break_count == 0
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="saturn", dynamic=False)(x.to(dev))
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1e-5, atol=1e-6)
+    kernels = last_program().kernels
+    assert [k.kind for k in kernels] == ["loop"], kernels
+
+
+def test_kernel_op_is_one_device_kernel_in_a_compiled_graph(dev):
+    x, w = _inputs()
+
+    def f(x, w):
+        return lib.rmsnorm(x, w, 1e-5) * 3.0
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=False)
+    before = fallback_counts()
+    got = fn(x.to(dev), w.to(dev))
+    torch.testing.assert_close(got.cpu(), f(x, w), rtol=1e-5, atol=1e-5)
+    prog = last_program()
+    assert [k.kind for k in prog.kernels] == ["custom", "loop"]
+    assert prog.count("host") == 0 and prog.count("crossing") == 0
+    # saturn:0 has no kernel: its reference ran (counted); the GPU ran the Numba kernel
+    assert counts_delta(before) == ({} if dev != "saturn:0" else {"saturn::rmsnorm": 1})
+
+
+class Block(torch.nn.Module):
+    """RMSNorm + Linear + tanh-GELU written in plain PyTorch."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(d) + 0.5)
+        self.lin = torch.nn.Linear(d, 2 * d)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return torch.nn.functional.gelu(self.lin(h), approximate="tanh")
+
+
+def test_rmsnorm_pattern_gives_fewer_kernels_and_the_same_results(dev):
+    torch.manual_seed(0)
+    model = Block(64).eval()
+    x = torch.randn(4, 16, 64)
+    with torch.no_grad():
+        want = model(x)
+        kinds = {}
+        for rewrites in ([], ["rmsnorm"]):
+            torch._dynamo.reset()
+            m = Block(64)
+            m.load_state_dict(model.state_dict())
+            m = torch.compile(
+                m.to(dev), backend="saturn", options={"rewrites": rewrites}, dynamic=False
+            )
+            got = m(x.to(dev))
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+            kinds[tuple(rewrites)] = [k.kind for k in last_program().kernels]
+    assert "custom" in kinds[("rmsnorm",)] and "custom" not in kinds[()]
+    assert len(kinds[("rmsnorm",)]) < len(kinds[()]), kinds
+
+
+def test_pattern_keeps_a_value_inside_it_that_escapes():
+    """A training forward returns the normalisation's intermediates for the backward: the
+    pattern must not drop them. The e-graph keeps both forms, so extraction computes the
+    escaping value wherever the match is used (here: by a reduction of its own)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    w = torch.rand(64) + 0.5
+
+    def f(x, w):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * r * w, r
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", options={"rewrites": ["rmsnorm"]}, dynamic=False)
+    y, r = fn(x.to("saturn:0"), w.to("saturn:0"))
+    wy, wr = f(x, w)
+    torch.testing.assert_close(y.cpu(), wy, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.cpu(), wr, rtol=1e-5, atol=1e-6)
+    prog = last_program()
+    assert len(prog.outputs) == 2 and prog.count("host") == 0
+
+
+def test_training_with_the_pattern_matches_eager():
+    torch.manual_seed(0)
+    ref = Block(32)
+    got = Block(32)
+    got.load_state_dict(ref.state_dict())
+    got = got.to("saturn:0")
+    torch._dynamo.reset()
+    fn = torch.compile(got, backend="saturn", options={"rewrites": ["rmsnorm"]}, dynamic=False)
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3, foreach=False)
+    opt_g = torch.optim.AdamW(got.parameters(), lr=1e-3, foreach=False)
+    for i in range(20):
+        torch.manual_seed(100 + i)
+        x, y = torch.randn(8, 32), torch.randn(8, 64)
+        for m, o, xx, yy in ((ref, opt_r, x, y), (fn, opt_g, x.to("saturn:0"), y.to("saturn:0"))):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(xx), yy).backward()
+            o.step()
+    for p, q in zip(ref.parameters(), got.parameters(), strict=True):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_registered_autograd_formula_is_used_by_training_graphs():
+    calls = []
+
+    def backward(ctx, grad):
+        calls.append(1)
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    if "saturn_test::cube" not in saturn.custom_ops.REGISTRY:
+        custom_op(
+            "saturn_test::cube",
+            "(Tensor x) -> Tensor",
+            reference=lambda x: x * x * x,
+            dtypes=(torch.float32,),
+            expression="(Mul x (Mul x x))",
+            backward=backward,
+            setup_context=setup_context,
+        )
+    cube = saturn.custom_ops.REGISTRY["saturn_test::cube"]
+    x = torch.randn(5, 7)
+    xs = x.to("saturn:0").requires_grad_(True)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: cube(t).sum(), backend="saturn", dynamic=False)
+    fn(xs).backward()
+    torch.testing.assert_close(xs.grad.cpu(), 3 * x * x, rtol=1e-5, atol=1e-6)
