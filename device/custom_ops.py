@@ -130,10 +130,14 @@ class CustomOp:
 
         grid, block, shared, scalars = self.launch(*args)
         # kernels see every tensor packed and flattened (1-D); shapes travel as scalars
-        tensors = [_Array(a.contiguous().view(-1)) for a in args if isinstance(a, torch.Tensor)]
+        tensors = [
+            _Array(a.detach().contiguous().view(-1)) for a in args if isinstance(a, torch.Tensor)
+        ]
         stream = cuda.external_stream(torch.saturn.stream_handle(out.device))
         with torch.saturn.device(out.device):
-            self.kernel[grid, block, stream, shared](_Array(out.view(-1)), *tensors, *scalars)
+            self.kernel[grid, block, stream, shared](
+                _Array(out.detach().view(-1)), *tensors, *scalars
+            )
 
     def _run_expression(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         key = (tensors[0].device, tuple((t.dtype, tuple(t.shape)) for t in tensors))
