@@ -132,14 +132,14 @@ def _devices_of(example_inputs) -> set[str]:
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> CompiledGraph:
-    imported = import_graph(gm)
+    device = torch.device(opts.device)
+    imported = import_graph(gm, replacements=device.index >= 1)
     kinds = _devices_of(example_inputs)
     if kinds - {"saturn", "cpu"} or len(kinds) > 1:
         raise UnsupportedError(
             f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
             "are all saturn tensors or all CPU tensors"
         )
-    device = torch.device(opts.device)
     io_on_device = kinds == {"saturn"}
     if io_on_device:
         devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}

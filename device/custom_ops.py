@@ -69,6 +69,8 @@ class CustomOp:
     host: Callable | None = None
     pattern: Path | None = None
     pattern_ruleset: str | None = None
+    replaces: str | None = None  # the ATen op (aten.x.overload) this op stands in for
+    when: Callable | None = None  # whether the kernel takes a call's non-tensor arguments
     _eager: dict = field(default_factory=dict, repr=False)  # expression recipes by types
 
     @property
@@ -91,9 +93,11 @@ class CustomOp:
 
     # --- eager ---------------------------------------------------------------------------
 
-    def takes(self, tensors: list[torch.Tensor]) -> bool:
+    def takes(self, tensors: list[torch.Tensor], args: tuple = ()) -> bool:
         """Whether saturn's implementation runs for these operands (else the reference)."""
         if not tensors or any(t.device.type != "saturn" for t in tensors):
+            return False
+        if self.when is not None and args and not self.when(*args):
             return False
         if any(t.dtype not in self.dtypes for t in tensors if t.is_floating_point()):
             return False
@@ -111,7 +115,7 @@ class CustomOp:
 
     def device_impl(self, *args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not self.takes(tensors):
+        if not self.takes(tensors, args):
             return self.run_reference(*args)
         if self.kind == "expression":
             return self._run_expression(tensors)
@@ -222,6 +226,8 @@ def custom_op(
     backward: Callable | None = None,
     setup_context: Callable | None = None,
     pattern: str | Path | None = None,
+    replaces: str | None = None,
+    when: Callable | None = None,
 ) -> CustomOp:
     """Define ``name`` ("namespace::op") with ``schema`` ("(Tensor x, float eps) -> Tensor").
 
@@ -260,6 +266,9 @@ def custom_op(
     if bad:
         fail(f"dtypes {bad} are not saturn dtypes")
     op = CustomOp(name, parsed, reference, tuple(dtypes), expression, kernel, launch, host)
+    op.when = when
+    if replaces is not None:
+        op.replaces = _check_replacement(replaces, parsed, fail)
     if expression is not None:
         others = [a.name for a in parsed.arguments if not _is_tensor(a)]
         if others:
@@ -286,8 +295,81 @@ def custom_op(
     torch.library.register_fake(name, reference, lib=lib)
     if backward is not None:
         torch.library.register_autograd(name, backward, setup_context=setup_context, lib=lib)
+    if op.replaces is not None:
+        _install_replacement(op)
     REGISTRY[name] = op
     return op
+
+
+def _check_replacement(replaces: str, parsed, fail) -> str:
+    """``aten::_softmax`` or ``aten._softmax.default`` -> the FX target form, after checking
+    the op exists, is not CompositeImplicitAutograd, and has the custom op's arguments."""
+    m = re.match(r"^(\w+)(?:::|\.)(\w+)(?:\.(\w+))?$", replaces)
+    if not m:
+        fail(f"replaces={replaces!r}: name an op as 'aten::op' or 'aten.op.overload'")
+    ns, opname, overload = m.group(1), m.group(2), m.group(3) or "default"
+    try:
+        packet = getattr(getattr(torch.ops, ns), opname)
+        target = getattr(packet, overload)
+    except AttributeError:
+        fail(f"replaces={replaces!r}: no such op")
+    qual = f"{ns}::{opname}" + ("" if overload == "default" else f".{overload}")
+    if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CompositeImplicitAutograd"):
+        inner = _decomposes_into(target)
+        hint = f"; replace the op it decomposes into instead ({inner})" if inner else ""
+        fail(
+            f"{qual} is CompositeImplicitAutograd: it decomposes before it reaches a device, "
+            f"so a replacement would never run{hint}"
+        )
+    theirs = [(a.name, str(a.type)) for a in target._schema.arguments]
+    ours = [(a.name, str(a.type)) for a in parsed.arguments]
+    if theirs != ours:
+        fail(f"replaces {qual}, whose arguments are {theirs}; this op takes {ours}")
+    return f"{ns}.{opname}.{overload}"
+
+
+def _decomposes_into(target) -> str | None:
+    """The first ATen op a CompositeImplicitAutograd op runs, on small meta tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func).replace(".default", ""))
+            return func(*args, **(kwargs or {}))
+
+    sample = {"Tensor": lambda: torch.empty(2, 3, device="meta"), "int": lambda: 1}
+    try:
+        args = []
+        for a in target._schema.arguments:
+            if a.has_default_value():
+                break
+            args.append(sample[str(a.type)]())
+        with Record():
+            target(*args)
+    except Exception:
+        return None
+    real = [s for s in seen if not s.startswith("aten.detach") and "view" not in s]
+    return real[0].replace("aten.", "aten::") if real else None
+
+
+def _install_replacement(op: CustomOp) -> None:
+    """Eager calls of the replaced op on saturn tensors go to this op's implementation."""
+    ns, opname, overload = op.replaces.split(".")
+    lib = _LIBS.get(f"{ns}-impl")
+    if lib is None:
+        lib = _LIBS[f"{ns}-impl"] = torch.library.Library(ns, "IMPL")
+    name = opname if overload == "default" else f"{opname}.{overload}"
+    lib.impl(name, op.device_impl, "PrivateUse1")
+
+
+def replacement_for(target: str) -> CustomOp | None:
+    """The custom op that replaces the ATen op ``target`` (aten.x.overload), if any."""
+    for op in REGISTRY.values():
+        if op.replaces == target:
+            return op
+    return None
 
 
 def by_target(target: str) -> CustomOp | None:
@@ -318,7 +400,7 @@ def resolve(name: str, host_calls: dict) -> tuple[CustomOp, Callable[[list, int]
 
     call = host_calls.get(name)
     if call is not None:
-        op = by_target(call.target)
+        op = by_target(call.target) or replacement_for(call.target)
         if op is None:
             raise RuntimeError(f"custom kernel {name}: {call.target} is not a saturn custom op")
         return op, lambda tensors, bits: call_args(call, tensors)[0]

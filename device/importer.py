@@ -81,8 +81,9 @@ def _tensor_type(node: torch.fx.Node, val=None) -> tuple[str, tuple[int, ...]]:
 
 
 class _Importer:
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, replacements: bool = False):
         self.gm = gm
+        self.replacements = replacements  # custom ops replacing ATen ops (GPU targets)
         self.g = Graph()
         self.env: dict[str, str] = {}  # FX node name -> graph node name
         self.host_calls: dict[str, HostCall] = {}
@@ -180,11 +181,18 @@ class _Importer:
             raise UnsupportedError(f"{node.name} calls {target}, not an ATen op")
         handler = _HANDLERS.get(str(target))
         name = None
-        from .custom_ops import by_target
+        from .custom_ops import by_target, replacement_for
 
         custom = by_target(str(target))
         if custom is not None:
             self.env[node.name] = self.custom(node, custom)
+            return
+        custom = replacement_for(str(target)) if self.replacements else None
+        if custom is not None and self.replaceable(node, custom):
+            # the replacing op's kernel stands in for the ATen op (its decomposition steps aside)
+            name = self.opaque(node)
+            self.custom_nodes[name] = len(self.g.nodes[name].args)
+            self.env[node.name] = name
             return
         if handler is not None:
             name = handler(self, node)
@@ -193,6 +201,23 @@ class _Importer:
             if row is not None and row.category == ot.ELEMENTWISE and not node.kwargs:
                 name = self.elementwise(node, row)
         self.env[node.name] = name if name is not None else self.opaque(node)
+
+    def replaceable(self, node: torch.fx.Node, op) -> bool:
+        """A replaced ATen op takes the custom kernel when its dtypes, its arguments (the op's
+        ``when``) and its output type (the first tensor operand's) allow."""
+        tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if not tensors or node.kwargs:
+            return False
+        types = [_tensor_type(a) for a in tensors]
+        if any(TORCH_DTYPES[d] not in op.dtypes for d, _ in types):
+            return False
+        if _tensor_type(node) != types[0]:
+            return False
+        if op.when is not None:
+            sample = [_meta(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+            if not op.when(*sample):
+                return False
+        return True
 
     def custom(self, node: torch.fx.Node, op) -> str:
         """A saturn custom op: an expression is inlined (it fuses with its neighbours); a
@@ -612,8 +637,10 @@ _HANDLERS = {
 }
 
 
-def import_graph(gm: torch.fx.GraphModule) -> Imported:
-    imp = _Importer(gm)
+def import_graph(gm: torch.fx.GraphModule, replacements: bool = False) -> Imported:
+    """``replacements``: let custom ops that replace ATen ops take their nodes (on GPU
+    targets, where their kernels run)."""
+    imp = _Importer(gm, replacements)
     inputs, meta, outputs, out_meta = [], [], [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":

@@ -3,7 +3,9 @@
 * ``saturn::rmsnorm(x, weight, eps)``: a Numba CUDA kernel (float32), with a pattern
   (``rmsnorm.egg``, ruleset ``rmsnorm``) that finds RMSNorm written out in PyTorch;
 * ``saturn::gelu_fast(x)``: tanh-GELU as an elementwise expression (fuses with neighbours);
-* ``saturn::softmax(x)``: a softmax over the last axis as a Numba CUDA kernel (float32).
+* ``saturn::softmax(self, dim, half_to_float)``: a softmax over the last axis as a Numba
+  CUDA kernel (float32) that replaces ``aten::_softmax``: eager softmax on saturn GPU tensors
+  and compiled graphs for a GPU use it where it applies, the reference elsewhere.
 
 ``import saturn.library`` defines them (once).
 """
@@ -108,13 +110,18 @@ def _softmax_kernel(out, x, n):
         i += THREADS
 
 
-def _softmax_launch(x):
-    rows, n = _rows(x)
+def _softmax_launch(self, dim, half_to_float):
+    rows, n = _rows(self)
     return max(rows, 1), THREADS, 0, (n,)
 
 
-def _softmax_reference(x):
-    return torch.softmax(x, -1)
+def _softmax_reference(self, dim, half_to_float):
+    return torch.ops.aten._softmax.default(self, dim, half_to_float)
+
+
+def _softmax_when(self, dim, half_to_float) -> bool:
+    """The kernel reduces the last axis, in the input's dtype."""
+    return self.dim() > 0 and dim % self.dim() == self.dim() - 1 and not half_to_float
 
 
 def _gelu_reference(x):
@@ -149,11 +156,13 @@ def _define() -> None:
     )
     custom_op(
         "saturn::softmax",
-        "(Tensor x) -> Tensor",
+        "(Tensor self, int dim, bool half_to_float) -> Tensor",
         reference=_softmax_reference,
         dtypes=(torch.float32,),
         kernel=_softmax_kernel,
         launch=_softmax_launch,
+        replaces="aten::_softmax",
+        when=_softmax_when,
     )
 
 

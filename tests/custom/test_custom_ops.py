@@ -76,7 +76,7 @@ def test_examples_match_their_references(dev, dtype):
     cases = [
         ("saturn::rmsnorm", lambda: lib.rmsnorm(xs, ws, 1e-6), lib._rmsnorm_reference(x, w, 1e-6)),
         ("saturn::gelu_fast", lambda: lib.gelu_fast(xs), lib._gelu_reference(x)),
-        ("saturn::softmax", lambda: lib.softmax(xs), lib._softmax_reference(x)),
+        ("saturn::softmax", lambda: torch.softmax(xs, -1), torch.softmax(x, -1)),
     ]
     for name, run, want in cases:
         before = fallback_counts()
@@ -232,3 +232,55 @@ def test_registered_autograd_formula_is_used_by_training_graphs():
     fn = torch.compile(lambda t: cube(t).sum(), backend="saturn", dynamic=False)
     fn(xs).backward()
     torch.testing.assert_close(xs.grad.cpu(), 3 * x * x, rtol=1e-5, atol=1e-6)
+
+
+def test_replacing_a_composite_op_is_refused_with_the_op_to_replace():
+    with pytest.raises(CustomOpError, match=r"aten::softmax.int is CompositeImplicitAutograd"):
+        try:
+            custom_op(
+                "saturn_test::sm",
+                "(Tensor self, int dim, ScalarType? dtype=None) -> Tensor",
+                reference=lambda self, dim, dtype: torch.softmax(self, dim),
+                kernel=object(),
+                launch=lambda *a: None,
+                replaces="aten::softmax.int",
+            )
+        except CustomOpError as e:
+            assert "aten::_softmax" in str(e), str(e)  # the op it decomposes into
+            raise
+
+
+def test_replacement_needs_the_replaced_op_arguments():
+    with pytest.raises(CustomOpError, match="whose arguments are"):
+        custom_op(
+            "saturn_test::sm2",
+            "(Tensor self) -> Tensor",
+            reference=lambda self: self,
+            kernel=object(),
+            launch=lambda *a: None,
+            replaces="aten::_softmax",
+        )
+
+
+def test_softmax_replacement_in_eager_and_compiled_graphs(dev):
+    """Eager softmax on saturn tensors runs the replacement (its kernel on a GPU for the last
+    axis in float32, the reference otherwise); a compiled graph for a GPU places it as one
+    custom kernel, and on saturn:0 the decomposition stays (fused reductions)."""
+    x, _ = _inputs()
+    xs = x.to(dev)
+    gpu = dev != "saturn:0"
+    before = fallback_counts()
+    fb = saturn.fallback_counts()
+    torch.testing.assert_close(torch.softmax(xs, -1).cpu(), torch.softmax(x, -1))
+    torch.testing.assert_close(torch.softmax(xs, 0).cpu(), torch.softmax(x, 0))  # not last axis
+    assert counts_delta(before) == {"saturn::softmax": 1 if gpu else 2}
+    assert saturn.fallback_counts() == fb
+
+    def f(x):
+        return torch.softmax(x * 0.5, -1) + 1.0
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="saturn", dynamic=False)(xs)
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1e-5, atol=1e-6)
+    kinds = [k.kind for k in last_program().kernels]
+    assert ("custom" in kinds) == gpu, kinds
