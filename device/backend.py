@@ -174,7 +174,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         program=compiled.program,
         device=device,
         io_on_device=io_on_device,
-        inputs=[InputSpec(TORCH_DTYPES[d], s) for d, s, _ in imported.input_meta],
+        inputs=[
+            InputSpec(None if d == "size" else TORCH_DTYPES[d], s)
+            for d, s, _ in imported.input_meta
+        ],
         output_spec=spec,
         output_types=[
             None if m is None else InputSpec(TORCH_DTYPES[m[0]], m[1]) for m in imported.output_meta
@@ -185,6 +188,12 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         tf32=opts.tf32,
     )
     assert len(outs) == k
+    if imported.symbols:  # one compile over markers; a concrete recipe per size seen
+        from .symbolic import SymbolicRecipe, size_sources
+
+        return CompiledGraph(
+            imported, compiled, SymbolicRecipe(recipe, size_sources(gm, imported.symbols))
+        )
     recipe.prepare()
     return CompiledGraph(imported, compiled, recipe)
 

@@ -10,6 +10,7 @@ Tuple results are read through getitem. The output spec keeps ``None`` positions
 from __future__ import annotations
 
 import operator
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,9 @@ class UnsupportedError(Exception):
     """The graph cannot be represented; it runs uncompiled and the reason is logged."""
 
 
+SIZE = "<size>"  # the env entry of an FX node that computes a size (kept on the host)
+
+
 @dataclass
 class HostCall:
     """How to call an opaque op: its target and arguments, tensors as ("t", i) slots."""
@@ -49,13 +53,14 @@ class HostCall:
 @dataclass
 class Imported:
     graph: Graph
-    inputs: list[str]  # graph node name per placeholder, in order
+    inputs: list[str | None]  # graph node name per placeholder (None: a size input)
     input_meta: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # dtype, shape, strides
     outputs: list[str | None]  # graph node name per output position (None stays None)
     output_meta: list[tuple[str, tuple[int, ...]] | None]  # (dtype, shape) per position
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
     custom_nodes: dict[str, int] = field(default_factory=dict)  # placed as Custom kernels
+    symbols: dict[str, int] = field(default_factory=dict)  # symbolic size -> its marker
 
 
 def _meta(node: torch.fx.Node):
@@ -65,19 +70,47 @@ def _meta(node: torch.fx.Node):
     return val
 
 
+# Symbolic sizes. A graph whose shapes hold symbols (s0, s1, ...) is imported once with each
+# symbol standing for a marker: a distinct prime far above any real extent. Every size in the
+# imported graph, the e-graph and the program is then an integer whose factors say which
+# symbols it is a product of (saturn.symbolic substitutes the call's sizes).
+MARKERS = (1000003, 1000033, 1000037, 1000039, 1000081, 1000099, 1000117, 1000121)
+_symbols = threading.local()
+
+
+def _marker_of(sym) -> int:
+    table = _symbols.table
+    if sym not in table:
+        if len(table) == len(MARKERS):
+            raise UnsupportedError(f"more than {len(MARKERS)} symbolic sizes")
+        table[sym] = MARKERS[len(table)]
+    return table[sym]
+
+
+def concrete(x) -> int:
+    """An int, or a SymInt with each symbol replaced by its marker."""
+    if isinstance(x, int):
+        return x
+    if isinstance(x, torch.SymInt):
+        expr = x.node.expr
+        table = getattr(_symbols, "table", None)
+        if table is None:
+            raise UnsupportedError(f"symbolic size {x} outside an import")
+        subs = {sym: _marker_of(sym) for sym in sorted(expr.free_symbols, key=str)}
+        v = expr.subs(subs)
+        if not v.is_Integer:
+            raise UnsupportedError(f"size {x} is not an integer expression")
+        return int(v)
+    raise UnsupportedError(f"size {x!r} of type {type(x).__name__}")
+
+
 def _tensor_type(node: torch.fx.Node, val=None) -> tuple[str, tuple[int, ...]]:
     val = _meta(node) if val is None else val
     if not isinstance(val, torch.Tensor):
         raise UnsupportedError(f"node {node.name} produces {type(val).__name__}, not a tensor")
     if val.dtype not in DTYPES:
         raise UnsupportedError(f"node {node.name} has dtype {val.dtype}, which saturn does not run")
-    try:
-        shape = tuple(int(s) for s in val.shape)
-    except (TypeError, ValueError):
-        raise UnsupportedError(
-            f"node {node.name} has a symbolic shape {tuple(val.shape)}"
-        ) from None
-    return DTYPES[val.dtype], shape
+    return DTYPES[val.dtype], tuple(concrete(s) for s in val.shape)
 
 
 class _Importer:
@@ -118,6 +151,8 @@ class _Importer:
 
     def operand(self, a, dtype: str) -> str:
         """A tensor or Python-number operand, converted to ``dtype``."""
+        if isinstance(a, torch.fx.Node) and self.env.get(a.name) == SIZE:
+            raise UnsupportedError(f"size {a.name} is used as a value, not only as a shape")
         if isinstance(a, torch.fx.Node):
             return self.cast(self.env[a.name], dtype)
         if isinstance(a, int | float | bool):
@@ -129,6 +164,8 @@ class _Importer:
         slots: list[str] = []
 
         def conv(a):
+            if isinstance(a, torch.fx.Node) and self.env.get(a.name) == SIZE:
+                raise UnsupportedError(f"{node.name} takes size {a.name} as an argument")
             if isinstance(a, torch.fx.Node):
                 if a.name not in self.env:
                     raise UnsupportedError(f"{node.name} reads {a.name}, which has no value")
@@ -167,6 +204,10 @@ class _Importer:
     # --- the node kinds --------------------------------------------------------------
 
     def placeholder(self, node: torch.fx.Node) -> None:
+        val = _meta(node)
+        if isinstance(val, int | torch.SymInt):  # a size input: read at call time
+            self.env[node.name] = SIZE
+            return
         dtype, shape = _tensor_type(node)
         self.env[node.name] = self.add(
             Node(node.name, "Input", (), (node.name,), dtype, shape), node.name
@@ -174,6 +215,10 @@ class _Importer:
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target
+        if isinstance(node.meta.get("val"), int | torch.SymInt):
+            # size arithmetic stays on the host: sizes reach ops through their result types
+            self.env[node.name] = SIZE
+            return
         if target is operator.getitem:
             self.env[node.name] = self.getitem(node)
             return
@@ -426,11 +471,20 @@ def _h_expand(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _size_arg(imp: _Importer, v):
+    """An int argument that may be a size node or a SymInt: its marker value."""
+    if isinstance(v, torch.fx.Node):
+        return concrete(_meta(v))
+    if isinstance(v, torch.SymInt):
+        return concrete(v)
+    return v
+
+
 def _h_slice(imp: _Importer, node: torch.fx.Node):
     xn = imp.g.nodes[imp.env[node.args[0].name]]
     args = list(node.args) + [None] * (5 - len(node.args))
     dim = args[1] if args[1] is not None else node.kwargs.get("dim", 0)
-    start, end = args[2], args[3]
+    start, end = (_size_arg(imp, v) for v in args[2:4])
     step = args[4] if args[4] is not None else node.kwargs.get("step", 1)
     if not all(isinstance(v, int | type(None)) for v in (dim, start, end, step)) or not xn.shape:
         return None
@@ -640,14 +694,34 @@ _HANDLERS = {
 def import_graph(gm: torch.fx.GraphModule, replacements: bool = False) -> Imported:
     """``replacements``: let custom ops that replace ATen ops take their nodes (on GPU
     targets, where their kernels run)."""
+    _symbols.table = {}
+    try:
+        imported = _import(gm, replacements)
+    finally:
+        table, _symbols.table = _symbols.table, None
+    imported.symbols = {str(sym): marker for sym, marker in table.items()}
+    return imported
+
+
+def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
     imp = _Importer(gm, replacements)
     inputs, meta, outputs, out_meta = [], [], [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             imp.placeholder(node)
-            inputs.append(imp.env[node.name])
             val = _meta(node)
-            meta.append((DTYPES[val.dtype], tuple(val.shape), tuple(val.stride())))
+            if imp.env[node.name] == SIZE:
+                inputs.append(None)
+                meta.append(("size", (), ()))
+                continue
+            inputs.append(imp.env[node.name])
+            meta.append(
+                (
+                    DTYPES[val.dtype],
+                    tuple(concrete(s) for s in val.shape),
+                    tuple(concrete(s) for s in val.stride()),
+                )
+            )
         elif node.op == "call_function":
             imp.call(node)
         elif node.op == "output":

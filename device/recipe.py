@@ -42,7 +42,7 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
 
 @dataclass
 class InputSpec:
-    dtype: torch.dtype
+    dtype: torch.dtype | None  # None: a size input
     shape: tuple[int, ...]
 
 
@@ -175,6 +175,10 @@ class Recipe:
 
     def _input(self, i: int, t, stats: CallStats):
         spec = self.inputs[i]
+        if spec.dtype is None:  # a size input (symbolic graphs): read, never a tensor
+            if not isinstance(t, int | torch.SymInt):
+                raise TypeError(f"saturn recipe input {i} is a size, got {type(t).__name__}")
+            return t
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"saturn recipe input {i} is {type(t).__name__}, not a tensor")
         if t.dtype != spec.dtype or t.shape != spec.shape:

@@ -1,0 +1,195 @@
+"""Recipes for graphs whose shapes hold symbols: one compile serves every size.
+
+The importer compiles a symbolic graph once with each symbol standing for a marker (a
+distinct large prime, ``importer.MARKERS``): the e-graph, extraction and lowering see plain
+integers, and every extent in the program is a product of a static cofactor and markers.
+At a call, the sizes are read from the call's inputs (a size input, or a tensor dimension
+that is exactly one symbol), each marker factor is replaced by its size, and the program's
+extents, view shapes and input and output types are rewritten; the kernels need no new
+code (their source depends on ranks and dtypes, their extents are launch arguments, and
+every launch checks operand sizes). The concrete recipe for a size tuple is prepared once
+and kept (most recent ``KEEP``), so on a GPU each size seen gets its own memory plan and its
+own CUDA graph: replay is per shape seen.
+
+Limits (the graph then runs uncompiled, with the reason logged): a size used as a value in
+arithmetic on tensors, more symbols than markers, a symbol that no input carries alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+
+import torch
+
+from saturn.eqsat.program import Operand, Program
+
+from .importer import MARKERS, UnsupportedError
+from .recipe import InputSpec, Recipe
+
+KEEP = 16  # concrete recipes kept per symbolic recipe
+_LOWEST = min(MARKERS)
+
+
+def substitute(v: int, sizes: dict[int, int]) -> int:
+    """``v`` with each marker factor replaced by that marker's size."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < _LOWEST:
+        return v
+    rest, factor = v, 1
+    for marker, size in sizes.items():
+        while rest % marker == 0:
+            rest //= marker
+            factor *= size
+    return v if rest == v else rest * factor
+
+
+def _ints(x, sizes):
+    if isinstance(x, tuple):
+        return tuple(_ints(e, sizes) for e in x)
+    if isinstance(x, list):
+        return [_ints(e, sizes) for e in x]
+    return substitute(x, sizes)
+
+
+def instantiate(program: Program, sizes: dict[int, int]) -> Program:
+    """The program with the call's sizes in place of the markers (constants untouched)."""
+
+    def shape(s):
+        return tuple(substitute(d, sizes) for d in s)
+
+    steps = []
+    for s in program.steps:
+        k = s.kernel
+        if k is not None:
+            k = dataclasses.replace(
+                k,
+                shape=shape(k.shape),
+                domain=shape(k.domain),
+                inputs=[Operand(o.value, o.dtype, shape(o.shape), o.indexing) for o in k.inputs],
+            )
+        attrs = _ints(s.attrs, sizes) if s.kind == "view" else s.attrs
+        steps.append(dataclasses.replace(s, shape=shape(s.shape), attrs=attrs, kernel=k))
+    return Program(steps, list(program.outputs), dict(program.inputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeSource:
+    symbol: str
+    marker: int
+    position: int  # the call argument that carries it
+    dim: int | None  # None: the argument is the size itself; else a tensor dimension
+
+
+def size_sources(gm: torch.fx.GraphModule, symbols: dict[str, int]) -> list[SizeSource]:
+    """Where each symbol's value is read at a call: a size input or a tensor dimension that
+    is exactly that symbol."""
+    found: dict[str, SizeSource] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+            name = str(val.node.expr)
+            if name in symbols:
+                found.setdefault(name, SizeSource(name, symbols[name], i, None))
+        elif isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol:
+                    name = str(s.node.expr)
+                    if name in symbols:
+                        found.setdefault(name, SizeSource(name, symbols[name], i, d))
+    missing = sorted(set(symbols) - set(found))
+    if missing:
+        raise UnsupportedError(f"no input carries symbolic size(s) {missing} by itself")
+    return [found[s] for s in sorted(found)]
+
+
+class SymbolicRecipe:
+    """A recipe over markers; calls run a concrete recipe for the call's sizes."""
+
+    def __init__(self, template: Recipe, sources: list[SizeSource]):
+        self.template = template
+        self.sources = sources
+        self.concrete: OrderedDict[tuple, Recipe] = OrderedDict()
+        self.built = 0  # concrete recipes prepared (sizes seen)
+        self.lock = threading.Lock()
+        self.latest: Recipe | None = None
+
+    def sizes(self, args: list) -> dict[int, int]:
+        out = {}
+        for src in self.sources:
+            a = args[src.position]
+            v = a if src.dim is None else a.shape[src.dim]
+            v = int(v)
+            if v < 2:  # dynamo specialises 0 and 1; a graph over symbols never sees them
+                raise RuntimeError(f"symbolic size {src.symbol} = {v}: expected at least 2")
+            out[src.marker] = v
+        return out
+
+    def for_sizes(self, sizes: dict[int, int]) -> Recipe:
+        key = tuple(sorted(sizes.items()))
+        with self.lock:
+            r = self.concrete.get(key)
+            if r is not None:
+                self.concrete.move_to_end(key)
+                return r
+        t = self.template
+
+        def spec(s: InputSpec | None) -> InputSpec | None:
+            if s is None or s.dtype is None:
+                return s
+            return InputSpec(s.dtype, tuple(substitute(d, sizes) for d in s.shape))
+
+        r = Recipe(
+            program=instantiate(t.program, sizes),
+            device=t.device,
+            io_on_device=t.io_on_device,
+            inputs=[spec(s) for s in t.inputs],
+            output_spec=list(t.output_spec),
+            output_types=[spec(s) for s in t.output_types],
+            host_calls=t.host_calls,
+            input_names=list(t.input_names),
+            replay=t.replay,
+            tf32=t.tf32,
+        )
+        r.prepare()
+        with self.lock:
+            self.concrete[key] = r
+            self.built += 1
+            while len(self.concrete) > KEEP:
+                self.concrete.popitem(last=False)
+        return r
+
+    def __call__(self, args: list) -> list:
+        if len(args) != len(self.template.inputs):
+            raise RuntimeError(
+                f"saturn recipe takes {len(self.template.inputs)} inputs, got {len(args)}"
+            )
+        r = self.for_sizes(self.sizes(args))
+        self.latest = r
+        return r(args)
+
+    # what tests and explain read from a recipe
+    @property
+    def program(self) -> Program:
+        return self.template.program
+
+    @property
+    def output_spec(self):
+        return self.template.output_spec
+
+    @property
+    def output_types(self):
+        return self.template.output_types
+
+    @property
+    def device(self):
+        return self.template.device
+
+    @property
+    def last(self):
+        return self.latest.last if self.latest else self.template.last
+
+    @property
+    def runner(self):
+        return self.latest.runner if self.latest else None

@@ -1,0 +1,94 @@
+"""Shapes that arrive with the call: one symbolic compile serves every size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from saturn import backend
+from saturn.eqsat.program import Kernel, Operand, Program, Step
+from saturn.importer import MARKERS
+from saturn.symbolic import SymbolicRecipe, instantiate, substitute
+
+M0, M1 = MARKERS[:2]
+
+
+def test_substitute_replaces_marker_factors_and_nothing_else():
+    sizes = {M0: 5, M1: 7}
+    assert substitute(3 * M0 * M1, sizes) == 105
+    assert substitute(M0 * M0, sizes) == 25
+    assert substitute(512, sizes) == 512
+    assert substitute(M0 + 1, sizes) == M0 + 1  # not a product of markers: left alone
+    assert substitute(4611686018427387904, sizes) == 4611686018427387904  # 2.0's bits
+
+
+def test_instantiate_rewrites_extents_not_constants():
+    body = ("mul", ("in", 0), ("const", 4611686018427387904, "f32"))
+    k = Kernel("loop", "v1", "f32", (2, M0), [Operand("v0", "f32", (2, M0), "same")], body, (2, M0))
+    prog = Program(
+        [
+            Step("input", "v0", dtype="f32", shape=(2, M0)),
+            Step("kernel", "v1", dtype="f32", shape=(2, M0), kernel=k, place="device"),
+            Step("view", "v2", "View", ("v1",), ((2 * M0,),), "f32", (2 * M0,)),
+        ],
+        ["v2"],
+        {"x": "v0"},
+    )
+    got = instantiate(prog, {M0: 9})
+    assert got.steps[1].kernel.domain == (2, 9) and got.steps[1].kernel.body == body
+    assert got.steps[2].attrs == ((18,),) and got.steps[2].shape == (18,)
+    assert prog.steps[1].kernel.domain == (2, M0)  # the template is untouched
+
+
+def test_twenty_sequence_lengths_compile_at_most_twice(dev):
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    model = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    model.load_state_dict(ref.state_dict())
+    torch._dynamo.reset()
+    fn = torch.compile(model.to(dev), backend="saturn")
+    compiles = backend.CACHE.compiles
+    fallbacks = len(backend.CACHE.fallbacks)
+    lengths = list(range(3, 23))
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(2, n, 32)
+            got = fn(x.to(dev))
+            torch.testing.assert_close(got.cpu(), ref(x), rtol=1e-5, atol=1e-5)
+    assert backend.CACHE.compiles - compiles <= 2
+    assert len(backend.CACHE.fallbacks) == fallbacks, backend.CACHE.fallbacks[fallbacks:]
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    assert isinstance(recipe, SymbolicRecipe)
+    assert recipe.built == len(lengths) - 1  # every size after the first static one
+
+
+def test_size_used_as_a_value_runs_uncompiled_with_a_reason():
+    def f(x):
+        return x * x.shape[1]
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    before = len(backend.CACHE.fallbacks)
+    x = torch.randn(3, 5).to("saturn:0")
+    torch.testing.assert_close(fn(x).cpu(), f(x.cpu()))
+    reasons = backend.CACHE.fallbacks[before:]
+    assert any("used as a value" in r for r in reasons), reasons
+
+
+def test_inconsistent_sizes_raise():
+    def f(x, y):
+        return x + y
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    a, b = torch.randn(4, 6), torch.randn(4, 6)
+    fn(a.to("saturn:0"), b.to("saturn:0"))
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    assert isinstance(recipe, SymbolicRecipe)
+    tensors = [i for i, s in enumerate(recipe.template.inputs) if s.dtype is not None]
+    args = [4] * len(recipe.template.inputs)
+    for i in tensors:
+        args[i] = torch.randn(4, 6).to("saturn:0")
+    args[tensors[-1]] = torch.randn(4, 7).to("saturn:0")  # the other operand's size differs
+    with pytest.raises(RuntimeError, match="compiled for"):
+        recipe(args)
