@@ -68,7 +68,8 @@ def main() -> None:
         compiles = backend.CACHE.compiles - c0
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(
-        f"encoder d={D} heads={HEADS} batch={BATCH}; saturn compiles in the run: {compiles} (one static per length included)"
+        f"encoder d={D} heads={HEADS} batch={BATCH}; saturn compiles in the run: "
+        f"{compiles} (one static compile per length included)"
     )
     print(f"{'length':>6s} {'first us':>9s} {'symbolic us':>12s} {'static us':>10s} {'ratio':>6s}")
     for n, first, ts, tt in rows:
