@@ -163,8 +163,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     outs = imported.graph.outputs
     spec, k = [], 0
     for o in imported.outputs:
-        if o is None:
-            spec.append(None)
+        if o is None or isinstance(o, tuple):  # None, or ("size", value)
+            spec.append(o)
         else:
             spec.append(k)
             k += 1
@@ -180,7 +180,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         ],
         output_spec=spec,
         output_types=[
-            None if m is None else InputSpec(TORCH_DTYPES[m[0]], m[1]) for m in imported.output_meta
+            None if m is None else InputSpec(None if m[0] == "size" else TORCH_DTYPES[m[0]], m[1])
+            for m in imported.output_meta
         ],
         host_calls=imported.host_calls,
         input_names=imported.inputs,

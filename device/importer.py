@@ -55,7 +55,7 @@ class Imported:
     graph: Graph
     inputs: list[str | None]  # graph node name per placeholder (None: a size input)
     input_meta: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # dtype, shape, strides
-    outputs: list[str | None]  # graph node name per output position (None stays None)
+    outputs: list  # graph node name per output position, None, or ("size", value)
     output_meta: list[tuple[str, tuple[int, ...]] | None]  # (dtype, shape) per position
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
@@ -471,6 +471,18 @@ def _h_expand(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _h_full(imp: _Importer, node: torch.fx.Node):
+    """full(size, value): the scalar broadcast to the result's (known) shape."""
+    value = node.args[1]
+    if not isinstance(value, int | float | bool):
+        return None
+    dtype, shape = _tensor_type(node)
+    if dtype not in ot.FLOATS + ot.INTS:
+        return None
+    c = imp.scalar(value, dtype)
+    return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
+
+
 def _size_arg(imp: _Importer, v):
     """An int argument that may be a size node or a SymInt: its marker value."""
     if isinstance(v, torch.fx.Node):
@@ -678,6 +690,7 @@ _HANDLERS = {
     "aten.expand.default": _h_expand,
     "aten.clone.default": _h_clone,
     "aten.slice.Tensor": _h_slice,
+    "aten.full.default": _h_full,
     "aten._to_copy.default": _h_to_copy,
     "aten.mm.default": _h_matmul("MatMul"),
     "aten.bmm.default": _h_matmul("BatchMatMul"),
@@ -729,14 +742,21 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
                 if o is None:
                     outputs.append(None)
                     out_meta.append(None)
+                elif isinstance(o, torch.fx.Node) and imp.env.get(o.name) == SIZE:
+                    # a size the backward needs: returned as an int (markers substituted)
+                    outputs.append(("size", concrete(_meta(o))))
+                    out_meta.append(("size", ()))
                 elif isinstance(o, torch.fx.Node):
                     outputs.append(imp.env[o.name])
                     out_meta.append(_tensor_type(o))
+                elif isinstance(o, int):
+                    outputs.append(("size", o))
+                    out_meta.append(("size", ()))
                 else:
                     raise UnsupportedError(f"output {o!r} is not a tensor")
         else:
             raise UnsupportedError(f"FX node kind {node.op} ({node.name})")
-    imp.g.outputs = [o for o in outputs if o is not None]
+    imp.g.outputs = [o for o in outputs if isinstance(o, str)]
     if not imp.g.outputs:
         raise UnsupportedError("the graph returns no tensor")
     return Imported(

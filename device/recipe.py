@@ -60,7 +60,7 @@ class Recipe:
     device: torch.device
     io_on_device: bool
     inputs: list[InputSpec]
-    output_spec: list[int | None]  # index into program.outputs, or None
+    output_spec: list  # index into program.outputs, None, or ("size", value)
     output_types: list[InputSpec | None]  # what the graph returns, position by position
     host_calls: dict[str, HostCall]
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
@@ -135,8 +135,8 @@ class Recipe:
         """The graph's return tuple from the program's outputs, by the output spec."""
         results = []
         for idx in self.output_spec:
-            if idx is None:
-                results.append(None)
+            if idx is None or isinstance(idx, tuple):  # None, or ("size", value)
+                results.append(None if idx is None else idx[1])
                 continue
             t = outs[idx]
             want = self.device if self.io_on_device else torch.device("cpu")
@@ -159,6 +159,10 @@ class Recipe:
                 f"returns {len(self.output_types)}"
             )
         for i, (t, want) in enumerate(zip(results, self.output_types, strict=True)):
+            if want is not None and want.dtype is None:  # a size
+                if not isinstance(t, int):
+                    raise RuntimeError(f"saturn recipe output {i}: expected a size, got {t!r}")
+                continue
             if want is None or t is None:
                 if (want is None) != (t is None):
                     raise RuntimeError(

@@ -145,7 +145,10 @@ class SymbolicRecipe:
             device=t.device,
             io_on_device=t.io_on_device,
             inputs=[spec(s) for s in t.inputs],
-            output_spec=list(t.output_spec),
+            output_spec=[
+                (o[0], substitute(o[1], sizes)) if isinstance(o, tuple) else o
+                for o in t.output_spec
+            ],
             output_types=[spec(s) for s in t.output_types],
             host_calls=t.host_calls,
             input_names=list(t.input_names),
