@@ -77,12 +77,6 @@ def test_transformer_encoder_layer_trains_like_eager(dev):
     gb = model.self_attn.in_proj_bias.grad
     assert gb[16:32].abs().max() < 1e-5 * gb[:16].abs().max()
     assert_parameters_match(ref, got, skip={"self_attn.in_proj_bias": slice(16, 32)})
-    if dev != DEV:
-        # on the GPU the forward graph replays; the backward keeps an opaque chunk on the host
-        # (aten.alias/full/arange from the in-projection's select backward), so it runs step
-        # by step with its crossings
-        graphs = [g for g in backend.CACHE.items.values() if g.recipe.device == torch.device(dev)]
-        assert any(g.recipe.runner.replays > 0 for g in graphs[-2:])
 
 
 def test_swapped_or_dropped_gradient_position_is_caught():
