@@ -1,6 +1,6 @@
 """GEMM microbenchmarks: saturn's nvmath plans against torch on the same GPU, one process.
 
-What is timed (device time by CUDA events, median of REPEATS, after warm-up), float32,
+What is timed (device time by CUDA events, median of 30, after warm-up), float32,
 TF32 off on both sides:
   linear+gelu  y = gelu_tanh(x @ W^T + b), x 4096x1024, W 4096x1024: torch addmm then gelu
                (two kernels) vs one saturn GEMM with the GELU+bias epilogue
@@ -11,30 +11,18 @@ TF32 off on both sides:
 
 from __future__ import annotations
 
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
 import saturn  # noqa: F401
 from saturn.codegen.gemm import GemmPlan, Layout
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import events_ms
+
 GPU = "saturn:1"
-REPEATS = 30
-
-
-def events_ms(fn, stream=None) -> float:
-    for _ in range(3):
-        fn()
-    s = stream or torch.cuda.current_stream()
-    times = []
-    for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(s)
-        fn()
-        b.record(s)
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def lay(t: torch.Tensor) -> Layout:

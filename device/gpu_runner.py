@@ -36,6 +36,7 @@ from saturn.eqsat.program import Step
 from .eager_kernels import strided_copy
 from .host_ops import run_host
 from .importer import TORCH_DTYPES
+from .recipe import check_operands
 
 log = logging.getLogger("saturn")
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -172,12 +173,7 @@ class GpuRunner:
         k = s.kernel
         ops = [env[o.value] for o in k.inputs]
         out = self.buffers[s.output]
-        for o, t in zip(k.inputs, ops, strict=True):
-            if tuple(t.shape) != tuple(o.shape):
-                raise RuntimeError(
-                    f"kernel {s.output}: operand of shape {list(t.shape)}, "
-                    f"compiled for {list(o.shape)}"
-                )
+        check_operands(s, ops)
         if k.kind in ("loop", "reduce"):
             ops = [
                 t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()

@@ -40,6 +40,15 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     )
 
 
+def check_operands(s: Step, operands: list[torch.Tensor]) -> None:
+    """Every operand has the shape the kernel was compiled for (raises before a launch)."""
+    for o, t in zip(s.kernel.inputs, operands, strict=True):
+        if tuple(t.shape) != tuple(o.shape):
+            raise RuntimeError(
+                f"kernel {s.output}: operand of shape {list(t.shape)}, compiled for {list(o.shape)}"
+            )
+
+
 @dataclass
 class InputSpec:
     dtype: torch.dtype | None  # None: a size input
@@ -231,12 +240,7 @@ class Recipe:
     def _kernel(self, s: Step, operands: list[torch.Tensor]) -> torch.Tensor:
         k = s.kernel
         out = torch.empty(s.shape, dtype=TORCH_DTYPES[s.dtype], device=self.device)
-        for o, t in zip(k.inputs, operands, strict=True):
-            if tuple(t.shape) != tuple(o.shape):
-                raise RuntimeError(
-                    f"kernel {s.output}: operand of shape {list(t.shape)}, "
-                    f"compiled for {list(o.shape)}"
-                )
+        check_operands(s, operands)
         if k.kind in ("loop", "reduce"):
             arrays = []
             for o, t in zip(k.inputs, operands, strict=True):

@@ -24,6 +24,19 @@ from saturn.custom_ops import REGISTRY, custom_op
 THREADS = 256
 
 
+@cuda.jit(device=True, inline="always")
+def _block_sum(part, tid, acc):
+    """Sum ``acc`` over the block into ``part[0]`` (a shared tree reduction)."""
+    part[tid] = acc
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if tid < s:
+            part[tid] += part[tid + s]
+        cuda.syncthreads()
+        s //= 2
+
+
 @cuda.jit
 def _rmsnorm_kernel(out, x, w, n, eps):
     # one block per row of n elements; tensors arrive packed and flattened
@@ -37,14 +50,7 @@ def _rmsnorm_kernel(out, x, w, n, eps):
         v = x[base + i]
         acc += v * v
         i += THREADS
-    part[tid] = acc
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if tid < s:
-            part[tid] += part[tid + s]
-        cuda.syncthreads()
-        s //= 2
+    _block_sum(part, tid, acc)
     scale = numba.float32(1.0) / math.sqrt(part[0] / numba.float32(n) + eps)
     i = tid
     while i < n:
@@ -95,14 +101,7 @@ def _softmax_kernel(out, x, n):
     while i < n:
         acc += math.exp(x[base + i] - m)
         i += THREADS
-    part[tid] = acc
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if tid < s:
-            part[tid] += part[tid + s]
-        cuda.syncthreads()
-        s //= 2
+    _block_sum(part, tid, acc)
     total = part[0]
     i = tid
     while i < n:
