@@ -275,9 +275,10 @@ class _Extractor:
 
     def best_of(self, cid: int, best: dict[int, Choice], forced: dict[int, str]) -> Choice | None:
         found = None
+        rule = forced.get(cid)
         for i, en in enumerate(self.view.classes[cid]):
-            if cid in forced and en.op != forced[cid]:
-                continue
+            if rule is not None and (en.op == rule[1:] if rule[0] == "!" else en.op != rule):
+                continue  # forced to one op, or ("!Op") kept from one
             if any(k not in best for k in en.kids):
                 continue
             c = self.consider(cid, i, en, best)
@@ -435,7 +436,86 @@ def extract_shared(
             forced, best, cost = trial_forced, trial, program_cost(trial, roots)
         else:
             ex.own_vec = own_backup
+    for _ in range(4):  # a pattern whose inner values escape declines (see _escaping)
+        escaping = _escaping(view, best, roots)
+        if not escaping:
+            break
+        above: set[int] = set()
+        for c in escaping:
+            forced[c] = "!Custom"
+            above.update(ex.ancestors(c))
+        best = ex.run(best, list(above), forced)
+        _check_roots(best, roots)
     return best
+
+
+def _reachable(best: dict[int, Choice], roots: list[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c not in seen:
+            seen.add(c)
+            stack.extend(best[c].enode.kids)
+    return seen
+
+
+def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> list[int]:
+    """Classes whose chosen ``Custom`` kernel came from a pattern over a written-out
+    computation some of whose inner values the program also computes (a training forward
+    returns them for the backward). Such a pattern declines: the kernel would recompute
+    what the program computes anyway. The inner values are found through the class's other
+    e-nodes (the written-out form), down to the kernel's own operands, host or device twin."""
+    used = _reachable(best, roots)
+    to_dev: dict[int, list[int]] = {}
+    host_of: dict[int, int] = {}
+    for c, enodes in view.classes.items():
+        for en in enodes:
+            if en.op == "ToDev":
+                to_dev.setdefault(en.kids[0], []).append(c)
+            if en.op == "ToHost":
+                host_of[en.kids[0]] = c
+    out = []
+    for c in used:
+        en = best[c].enode
+        if en.op != "Custom":
+            continue
+        stop = {c}
+        lst = en.kids[0]
+        while True:  # the operand list: TCons (ToDev x) rest
+            cons = next((e for e in view.classes[lst] if e.op == "TCons"), None)
+            if cons is None:
+                break
+            head = cons.kids[0]
+            stop.add(head)
+            stop.update(e.kids[0] for e in view.classes[head] if e.op == "ToDev")
+            lst = cons.kids[1]
+        written = [c, host_of.get(c, c)]
+        inner: set[int] = set()
+        frontier = [
+            k
+            for w in written
+            for e in view.classes[w]
+            if e.op not in ("Custom", "ToHost", "ToDev", "Opaque")
+            for k in e.kids
+        ]
+        depth = 0
+        while frontier and depth < 12:
+            nxt = []
+            for k in frontier:
+                if k in stop or k in inner:
+                    continue
+                if all(e.op == "Scalar" for e in view.classes[k]) or view.sort.get(k) != "Tensor":
+                    continue
+                inner.add(k)
+                for e in view.classes[k]:
+                    if e.op not in ("ToHost", "ToDev"):
+                        nxt.extend(e.kids)
+            frontier, depth = nxt, depth + 1
+        twins = {t for k in inner for t in to_dev.get(k, [])}
+        if (inner | twins) & used:
+            out.append(c)
+    return out
 
 
 def program_cost(best: dict[int, Choice], roots: list[int]) -> float:

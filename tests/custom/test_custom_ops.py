@@ -161,10 +161,10 @@ def test_rmsnorm_pattern_gives_fewer_kernels_and_the_same_results(dev):
     assert len(kinds[("rmsnorm",)]) < len(kinds[()]), kinds
 
 
-def test_pattern_keeps_a_value_inside_it_that_escapes():
+def test_pattern_declines_when_a_value_inside_it_escapes():
     """A training forward returns the normalisation's intermediates for the backward: the
-    pattern must not drop them. The e-graph keeps both forms, so extraction computes the
-    escaping value wherever the match is used (here: by a reduction of its own)."""
+    pattern must not drop them, and since the program computes them anyway it declines
+    (the kernel would recompute them) and the computation stays written out."""
     torch.manual_seed(0)
     x = torch.randn(4, 64)
     w = torch.rand(64) + 0.5
@@ -181,6 +181,7 @@ def test_pattern_keeps_a_value_inside_it_that_escapes():
     torch.testing.assert_close(r.cpu(), wr, rtol=1e-5, atol=1e-6)
     prog = last_program()
     assert len(prog.outputs) == 2 and prog.count("host") == 0
+    assert "custom" not in [k.kind for k in prog.kernels]
 
 
 def test_training_with_the_pattern_matches_eager():
@@ -191,6 +192,7 @@ def test_training_with_the_pattern_matches_eager():
     got = got.to("saturn:0")
     torch._dynamo.reset()
     fn = torch.compile(got, backend="saturn", options={"rewrites": ["rmsnorm"]}, dynamic=False)
+    compiles = backend.CACHE.compiles
     opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-3, foreach=False)
     opt_g = torch.optim.AdamW(got.parameters(), lr=1e-3, foreach=False)
     for i in range(20):
@@ -202,6 +204,10 @@ def test_training_with_the_pattern_matches_eager():
             o.step()
     for p, q in zip(ref.parameters(), got.parameters(), strict=True):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    # the forward returns the normalisation's intermediates for the backward: it declines
+    graphs = list(backend.CACHE.items.values())[-(backend.CACHE.compiles - compiles) :]
+    assert len(graphs) == 2
+    assert all(k.kind != "custom" for g in graphs for k in g.compiled.program.kernels)
 
 
 def test_registered_autograd_formula_is_used_by_training_graphs():
