@@ -483,6 +483,23 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
 
 
+def _h_alias(imp: _Importer, node: torch.fx.Node):
+    """alias(x) is x: in a functional graph the same value."""
+    return imp.env[node.args[0].name]
+
+
+def _h_scalar_tensor(imp: _Importer, node: torch.fx.Node):
+    """scalar_tensor(v): a rank-0 tensor holding v, in the result's dtype."""
+    value = node.args[0]
+    if not isinstance(value, int | float | bool):
+        return None
+    dtype, shape = _tensor_type(node)
+    if shape != () or dtype not in ot.FLOATS + ot.INTS:
+        return None
+    c = imp.scalar(value, dtype)
+    return imp.add(Node(node.name, "Expand", (c,), ((),), dtype, ()), node.name)
+
+
 def _size_arg(imp: _Importer, v):
     """An int argument that may be a size node or a SymInt: its marker value."""
     if isinstance(v, torch.fx.Node):
@@ -691,6 +708,8 @@ _HANDLERS = {
     "aten.clone.default": _h_clone,
     "aten.slice.Tensor": _h_slice,
     "aten.full.default": _h_full,
+    "aten.alias.default": _h_alias,
+    "aten.scalar_tensor.default": _h_scalar_tensor,
     "aten._to_copy.default": _h_to_copy,
     "aten.mm.default": _h_matmul("MatMul"),
     "aten.bmm.default": _h_matmul("BatchMatMul"),

@@ -98,11 +98,7 @@ class Recipe:
         self._position = {
             s.output: order[by_value[s.output]] for s in self.program.steps if s.kind == "input"
         }
-        self._consts = {
-            s.output: torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
-            for s in self.program.steps
-            if s.kind == "const"
-        }
+        self._consts = {}  # made at the first call: compilation runs under fake tensors
         if self.on_gpu:
             from .gpu_runner import GpuRunner
 
@@ -129,7 +125,12 @@ class Recipe:
             if s.kind == "input":
                 env[s.output] = prepared[position[s.output]]
             elif s.kind == "const":
-                env[s.output] = self._consts[s.output]
+                c = self._consts.get(s.output)
+                if c is None:
+                    c = self._consts[s.output] = torch.tensor(
+                        bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]]
+                    )
+                env[s.output] = c
             elif s.kind == "crossing" and s.args[0] in position:
                 # an input crossing: reuse the copy while the input is unchanged
                 i = position[s.args[0]]

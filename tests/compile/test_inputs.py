@@ -83,3 +83,22 @@ def test_unchanged_inputs_are_not_copied_again():
         got = fn(x, w)
         assert recipe.last.input_copies_reused == 1  # only x
         torch.testing.assert_close(got, torch.relu(x @ w + 1.0), rtol=1e-5, atol=1e-5)
+
+
+def test_alias_full_and_scalar_tensor_are_imported_not_opaque():
+    """Ops AOTAutograd emits in backward graphs: alias is its input, full and scalar_tensor
+    are broadcast scalars, so none becomes a host call."""
+    from saturn import backend
+
+    def f(x):
+        a = torch.ops.aten.alias.default(x)
+        z = torch.ops.aten.full.default([4, 6], 0.5, device=x.device)
+        s = torch.ops.aten.scalar_tensor.default(2.0, device=x.device)
+        return a * z + s
+
+    x = torch.randn(4, 6)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="saturn", dynamic=False)(x.to("saturn:0"))
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1e-6, atol=1e-6)
+    prog = next(reversed(backend.CACHE.items.values())).compiled.program
+    assert prog.count("host") == 0, prog.to_text()
