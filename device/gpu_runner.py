@@ -29,21 +29,19 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.codegen.conv import ConvParams, ConvPlan
 from saturn.codegen.gemm import GemmPlan, Layout
-from saturn.eqsat.graph import bits_float
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 
 from .eager_kernels import strided_copy
 from .host_ops import run_host
-from .importer import TORCH_DTYPES
-from .recipe import check_operands
+from .importer import DTYPES, TORCH_DTYPES
+from .recipe import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
-_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 def layout(t: torch.Tensor) -> Layout:
-    return Layout(_DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()))
+    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
 
 class GpuRunner:
@@ -103,9 +101,7 @@ class GpuRunner:
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
             self.consts = {
-                s.output: torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]]).to(
-                    self.device if s.place == "device" else "cpu"
-                )
+                s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
                 for s in prog.steps
                 if s.kind == "const"
             }
@@ -267,7 +263,8 @@ class GpuRunner:
     def _replayed(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
         from cuda.bindings import driver as drv
 
-        ptrs = tuple(t.data_ptr() for t in prepared)
+        # size inputs (symbolic graphs) are fixed for this recipe: only tensors can move
+        ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in prepared)
         if self.exec_ is not None and self.captured_ptrs != ptrs:
             moved = [
                 i

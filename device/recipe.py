@@ -24,12 +24,12 @@ from saturn.eqsat.graph import bits_float
 from saturn.eqsat.program import Program, Step
 
 from .host_ops import run_host
-from .importer import TORCH_DTYPES, HostCall
+from .importer import DTYPES, TORCH_DTYPES, HostCall
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
     """A numpy array over the memory of a CPU or saturn:0 tensor (no copy)."""
-    dtype = ev.np_dtype({v: k for k, v in TORCH_DTYPES.items()}[t.dtype])
+    dtype = ev.np_dtype(DTYPES[t.dtype])
     if t.numel() == 0:
         return np.empty(tuple(t.shape), dtype=dtype)
     size = t.element_size()
@@ -38,6 +38,11 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(
         base, tuple(t.shape), tuple(st * size for st in t.stride())
     )
+
+
+def const_tensor(s: Step) -> torch.Tensor:
+    """The rank-0 host tensor of a ``const`` step (its float64 bits, in its dtype)."""
+    return torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
 
 
 def check_operands(s: Step, operands: list[torch.Tensor]) -> None:
@@ -127,9 +132,7 @@ class Recipe:
             elif s.kind == "const":
                 c = self._consts.get(s.output)
                 if c is None:
-                    c = self._consts[s.output] = torch.tensor(
-                        bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]]
-                    )
+                    c = self._consts[s.output] = const_tensor(s)
                 env[s.output] = c
             elif s.kind == "crossing" and s.args[0] in position:
                 # an input crossing: reuse the copy while the input is unchanged

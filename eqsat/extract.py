@@ -449,24 +449,13 @@ def extract_shared(
     return best
 
 
-def _reachable(best: dict[int, Choice], roots: list[int]) -> set[int]:
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        c = stack.pop()
-        if c not in seen:
-            seen.add(c)
-            stack.extend(best[c].enode.kids)
-    return seen
-
-
 def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> list[int]:
     """Classes whose chosen ``Custom`` kernel came from a pattern over a written-out
     computation some of whose inner values the program also computes (a training forward
     returns them for the backward). Such a pattern declines: the kernel would recompute
     what the program computes anyway. The inner values are found through the class's other
     e-nodes (the written-out form), down to the kernel's own operands, host or device twin."""
-    used = _reachable(best, roots)
+    used = set(roots) | set(_references(view, best, roots))  # every class the program reads
     to_dev: dict[int, list[int]] = {}
     host_of: dict[int, int] = {}
     for c, enodes in view.classes.items():

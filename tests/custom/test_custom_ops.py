@@ -115,11 +115,12 @@ def test_kernel_op_is_one_device_kernel_in_a_compiled_graph(dev):
     def f(x, w):
         return lib.rmsnorm(x, w, 1e-5) * 3.0
 
+    want = f(x, w)  # on CPU tensors: the reference (counted)
     torch._dynamo.reset()
     fn = torch.compile(f, backend="saturn", dynamic=False)
     before = fallback_counts()
     got = fn(x.to(dev), w.to(dev))
-    torch.testing.assert_close(got.cpu(), f(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     prog = last_program()
     assert [k.kind for k in prog.kernels] == ["custom", "loop"]
     assert prog.count("host") == 0 and prog.count("crossing") == 0
@@ -290,3 +291,39 @@ def test_softmax_replacement_in_eager_and_compiled_graphs(dev):
     torch.testing.assert_close(got.cpu(), f(x), rtol=1e-5, atol=1e-6)
     kinds = [k.kind for k in last_program().kernels]
     assert ("custom" in kinds) == gpu, kinds
+
+
+@pytest.mark.parametrize(
+    "dtype,dim", [(torch.float64, -1), (torch.float32, 0)], ids=["float64", "not-last-axis"]
+)
+def test_rmsnorm_pattern_declines_near_misses(dtype, dim):
+    """The guards: float32 only (the kernel's dtype), the mean over the last axis only."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 8, dtype=dtype), torch.rand(8, dtype=dtype) + 0.5
+
+    def f(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(dim, keepdim=True) + 1e-6) * w
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", options={"rewrites": ["rmsnorm"]}, dynamic=False)
+    got = fn(x.to("saturn:0"), w.to("saturn:0"))
+    torch.testing.assert_close(got.cpu(), f(x, w), rtol=1e-5, atol=1e-6)
+    assert "custom" not in [k.kind for k in last_program().kernels]
+
+
+def test_kernel_op_outside_its_dtypes_stays_a_host_call():
+    """The generated placement rule is made only for nodes whose dtypes the kernel takes: a
+    float64 call stays an opaque call of the op (its reference, counted)."""
+    x, w = _inputs(torch.float64)
+
+    def f(x, w):
+        return lib.rmsnorm(x, w, 1e-5) * 3.0
+
+    want = f(x, w)
+    torch._dynamo.reset()
+    before = fallback_counts()
+    got = torch.compile(f, backend="saturn", dynamic=False)(x.to("saturn:0"), w.to("saturn:0"))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    prog = last_program()
+    assert "custom" not in [k.kind for k in prog.kernels] and prog.count("host") == 1
+    assert counts_delta(before) == {"saturn::rmsnorm": 1}
