@@ -21,10 +21,18 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
 from . import eager_kernels  # noqa: E402, F401 - registers clone for saturn tensors
+from .custom_ops import custom_op  # noqa: E402
 from .explain import explain  # noqa: E402
 
 device_count = device_module.device_count
 fallback_counts = device_module.fallback_counts
 memory_stats = device_module.memory_stats
 
-__all__ = ["device_count", "device_module", "explain", "fallback_counts", "memory_stats"]
+__all__ = [
+    "custom_op",
+    "device_count",
+    "device_module",
+    "explain",
+    "fallback_counts",
+    "memory_stats",
+]

@@ -110,13 +110,26 @@ class CustomOp:
             _COUNTS[self.name] += 1
         return self.reference(*args)
 
+    @property
+    def mutated(self) -> list[int]:
+        """Positions of the arguments the op writes (``Tensor(a!)`` in its schema)."""
+        return [
+            i
+            for i, a in enumerate(self.schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
+
     def run_reference(self, *args):
-        """The reference on host copies, the result back where the inputs were."""
+        """The reference on host copies, the result back where the inputs were; what it
+        wrote into a mutated argument is copied back into the caller's tensor."""
         with _LOCK:
             _COUNTS[self.name] += 1
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
         host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
         out = self.reference(*host)
+        for i in self.mutated:
+            if isinstance(args[i], torch.Tensor):
+                args[i].copy_(host[i])
         return out.to(dev)
 
     def device_impl(self, *args):
@@ -140,14 +153,17 @@ class CustomOp:
 
         grid, block, shared, scalars = self.launch(*args)
         # kernels see every tensor packed and flattened (1-D); shapes travel as scalars
-        tensors = [
-            _Array(a.detach().contiguous().view(-1)) for a in args if isinstance(a, torch.Tensor)
-        ]
+        packed = {i: a.detach().contiguous() for i, a in enumerate(args) if torch.is_tensor(a)}
         stream = cuda.external_stream(torch.saturn.stream_handle(out.device))
         with torch.saturn.device(out.device):
             self.kernel[grid, block, stream, shared](
-                _Array(out.detach().view(-1)), *tensors, *scalars
+                _Array(out.detach().view(-1)),
+                *(_Array(t.view(-1)) for t in packed.values()),
+                *scalars,
             )
+        for i in self.mutated:  # a strided argument the kernel wrote through a packed copy
+            if i in packed and packed[i].data_ptr() != args[i].data_ptr():
+                args[i].copy_(packed[i])
 
     def _run_expression(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         key = (tensors[0].device, tuple((t.dtype, tuple(t.shape)) for t in tensors))
@@ -277,6 +293,11 @@ def custom_op(
         op.replaces = _check_replacement(replaces, parsed, fail)
     if expression is not None:
         others = [a.name for a in parsed.arguments if not _is_tensor(a)]
+        if mutates_args:
+            fail(
+                "an expression computes a new value; "
+                "an op that writes its arguments needs a kernel or a host function"
+            )
         if others:
             fail(f"an expression takes tensors only; {others} are not")
         try:  # parse it once over float32 scalars: untyped constants and bad ops raise here

@@ -16,8 +16,10 @@ from .importer import TORCH_DTYPES, HostCall
 
 
 def _aten(name: str):
+    """``ns.op.overload`` -> the op; ``higher_order.name.__call__`` -> the higher-order op."""
     ns, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    packet = getattr(getattr(torch.ops, ns), op)
+    return packet if overload == "__call__" else getattr(packet, overload)
 
 
 def _layer_norm(x, w, b, dims, eps_bits):
@@ -74,8 +76,8 @@ def call_args(call: HostCall, tensors: list) -> tuple[list, dict]:
     def conv(a):
         if isinstance(a, list):
             return [conv(x) for x in a]
-        if isinstance(a, tuple) and len(a) == 2 and a[0] in ("t", "c"):
-            return tensors[a[1]] if a[0] == "t" else a[1]
+        if isinstance(a, tuple) and len(a) == 2 and a[0] in ("t", "c", "op"):
+            return tensors[a[1]] if a[0] == "t" else _aten(a[1]) if a[0] == "op" else a[1]
         if isinstance(a, tuple):
             return tuple(conv(x) for x in a)
         return a

@@ -173,6 +173,8 @@ class _Importer:
                 return ("t", len(slots) - 1)
             if isinstance(a, list | tuple):
                 return type(a)(conv(x) for x in a)
+            if isinstance(a, torch._ops.OpOverload):  # the op a functionalized call runs
+                return ("op", str(a))
             if (
                 isinstance(
                     a,
@@ -192,8 +194,14 @@ class _Importer:
 
         args = tuple(conv(a) for a in node.args)
         kwargs = {k: conv(v) for k, v in node.kwargs.items()}
-        name = f"{node.target}#{node.name}"
-        self.host_calls[name] = HostCall(str(node.target), args, kwargs)
+        target = node.target
+        spelled = (
+            f"higher_order.{target.name()}.__call__"
+            if isinstance(target, torch._ops.HigherOrderOperator)
+            else str(target)
+        )
+        name = f"{spelled}#{node.name}"
+        self.host_calls[name] = HostCall(spelled, args, kwargs)
         val = _meta(node)
         first = val[0] if isinstance(val, list | tuple) else val
         if isinstance(val, list | tuple) and not isinstance(first, torch.Tensor):
@@ -221,6 +229,11 @@ class _Importer:
             return
         if target is operator.getitem:
             self.env[node.name] = self.getitem(node)
+            return
+        if isinstance(target, torch._ops.HigherOrderOperator) and target.name() in _MUTATIONS:
+            # a functionalized call of an op that writes its arguments: one host step that
+            # runs the op on fresh copies of the bases and returns (result, *new bases)
+            self.env[node.name] = self.opaque(node)
             return
         if not isinstance(target, torch._ops.OpOverload):
             raise UnsupportedError(f"{node.name} calls {target}, not an ATen op")
@@ -721,6 +734,10 @@ _HANDLERS = {
     "aten.convolution.default": _h_convolution,
     "aten.pow.Tensor_Scalar": _h_pow,
 }
+
+
+# higher-order ops AOTAutograd wraps around a call of an op that mutates its arguments
+_MUTATIONS = ("auto_functionalized", "auto_functionalized_v2")
 
 
 def import_graph(gm: torch.fx.GraphModule, replacements: bool = False) -> Imported:

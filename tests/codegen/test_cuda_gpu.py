@@ -234,4 +234,8 @@ def test_compiled_pointwise_and_reduction_graph_on_the_gpu():
     from saturn.backend import CACHE
 
     recipe = next(reversed(CACHE.items.values())).recipe
-    assert recipe.on_gpu and recipe.last.launches >= 3 and recipe.last.host_ops == 0
+    # softmax is reductions + a loop, or one kernel where saturn.library (its replacement) is
+    # loaded in this process: either way every kernel launched and nothing ran on the host
+    kernels = recipe.program.kernels
+    assert recipe.on_gpu and len(kernels) >= 2 and recipe.last.launches == len(kernels)
+    assert recipe.last.host_ops == 0 and recipe.last.crossings == 0

@@ -5,8 +5,10 @@ a block written in plain PyTorch, a registered autograd formula in training."""
 
 from __future__ import annotations
 
+import numba
 import pytest
 import torch
+from numba import cuda
 
 import saturn
 import saturn.library as lib
@@ -327,3 +329,81 @@ def test_kernel_op_outside_its_dtypes_stays_a_host_call():
     prog = last_program()
     assert "custom" not in [k.kind for k in prog.kernels] and prog.count("host") == 1
     assert counts_delta(before) == {"saturn::rmsnorm": 1}
+
+
+# --- mutation -------------------------------------------------------------------------
+
+
+@cuda.jit
+def _scale_add_kernel(out, x, y, n):
+    i = cuda.grid(1)
+    if i < n:
+        x[i] = x[i] * numba.float32(2.0)
+        out[i] = x[i] + y[i]
+
+
+def _scale_add_reference(x, y):
+    x.mul_(2.0)
+    return x + y
+
+
+SCALE_ADD = custom_op(
+    "saturn_test::scale_add",
+    "(Tensor(a!) x, Tensor y) -> Tensor",
+    reference=_scale_add_reference,
+    kernel=_scale_add_kernel,
+    launch=lambda x, y: ((x.numel() + 255) // 256, 256, 0, (x.numel(),)),
+    mutates_args=("x",),
+)
+
+
+def test_expression_op_cannot_mutate():
+    with pytest.raises(CustomOpError, match="writes its arguments needs a kernel or a host"):
+        custom_op(
+            "saturn_test::mut_expr",
+            "(Tensor(a!) x) -> Tensor",
+            reference=_ref,
+            expression="(Neg x)",
+            mutates_args=("x",),
+        )
+
+
+def test_mutation_reaches_the_callers_tensor_eagerly(dev):
+    # a strided argument: the kernel writes a packed copy, which is copied back
+    torch.manual_seed(0)
+    base, y = torch.randn(8, 6), torch.randn(8, 3)
+    want_base = base.clone()
+    want = _scale_add_reference(want_base[:, ::2], y)
+    bs = base.to(dev)
+    before = fallback_counts()
+    got = SCALE_ADD(bs[:, ::2], y.to(dev))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(bs.cpu(), want_base, rtol=1e-6, atol=0)  # odd columns untouched
+    # the kernel ran on the GPU; saturn:0 ran the reference on host copies (counted)
+    assert counts_delta(before) == ({} if dev != "saturn:0" else {"saturn_test::scale_add": 1})
+
+
+def test_mutation_in_a_compiled_graph_updates_the_input(dev):
+    torch.manual_seed(0)
+    base, y = torch.randn(4, 6), torch.randn(4, 3)
+
+    def f(base, y):
+        r = SCALE_ADD(base[:, 1:4], y)
+        return r.tanh() + base.sum()  # reads the base after the op wrote into it
+
+    want_base = base.clone()
+    want = f(want_base, y)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(base.to(dev), y.to(dev)).graph_break_count == 0
+    torch._dynamo.reset()
+    bs = base.to(dev)
+    before = fallback_counts()
+    got = torch.compile(f, backend="saturn", dynamic=False)(bs, y.to(dev))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bs.cpu(), want_base, rtol=1e-6, atol=0)
+    # compiled (not run uncompiled), the write kept as one host step running the reference
+    prog = last_program()
+    host = [s.op.split("#")[0] for s in prog.steps if s.kind == "host" and s.op != "Item"]
+    assert host == ["higher_order.auto_functionalized_v2.__call__"]
+    assert [k.kind for k in prog.kernels] == ["reduce", "loop"]
+    assert counts_delta(before) == {"saturn_test::scale_add": 1}
