@@ -3,13 +3,14 @@ through cuda.core on saturn's stream.
 
 It takes the same descriptions as the CPU emitter. Kernels take raw pointers and 64-bit
 sizes (no Numba array structs), so a launch passes a handful of scalars and never goes
-through the Numba dispatcher. Loops read packed operands at ``i``, ``i % m``, ``i // r`` or
-``0`` by their indexing, and any other operand through per-axis strides given at launch
-(zero on broadcast axes). Reductions see their domain as outer x reduce x inner: rows
-(inner == 1) reduce with a warp per row for short rows or a block per row for long ones;
-columns reduce with 32 columns per block and 8 threads down each column. Accumulation is in
-the output dtype (integers widen to int64 as PyTorch does; float32 stays float32, so a
-float32 kernel has no double-precision instruction); max and min propagate NaN.
+through the Numba dispatcher. Loops read packed operands at ``i``, ``i % m``, ``i // r``,
+``(i // r) % m`` (a channel) or ``0`` by their indexing, and any other operand through
+per-axis strides given at launch (zero on broadcast axes). Reductions see their domain as
+outer x reduce x inner: rows (inner == 1) reduce with a warp per row for short rows or a
+block per row for long ones; columns reduce with 32 columns per block and 8 threads down
+each column. Accumulation is in the output dtype (integers widen to int64 as PyTorch does;
+float32 stays float32, so a float32 kernel has no double-precision instruction); max and
+min propagate NaN.
 
 The same Python source runs under Numba's CUDA simulator with array arguments (CI has no
 GPU), and compiles to PTX with pointer arguments for the device; PTX is linked to a cubin
@@ -143,12 +144,23 @@ def _operand_reads(
         elif o.indexing == "leading":
             idx = f"{flat_index} // r{i}"
             ints.append(f"r{i}")
+        elif o.indexing == "middle":
+            g = _group(k, i)
+            idx = f"({flat_index} // r{g}) % m{g}"
+            ints += [f"r{g}", f"m{g}"]
         else:
             idx = f"off{i}"
         # bools travel as bytes (Numba stores a bool as i1, memory holds i8)
         nz = " != 0" if o.dtype == "bool" else ""
         lines.append(f"{ind}in{i}_v = in{i}[{idx}]{nz}")
     return lines, sorted(set(ints), key=ints.index)
+
+
+def _group(k: Kernel, i: int) -> int:
+    """The first operand indexed like operand ``i`` with its shape: operands of one shape
+    (batch norm's four per-channel vectors) share their index parameters and arithmetic."""
+    o = k.inputs[i]
+    return next(j for j, p in enumerate(k.inputs) if (p.indexing, p.shape) == (o.indexing, o.shape))
 
 
 def _store(k: Kernel, index: str, value: str) -> str:
@@ -199,10 +211,25 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
                 if nz:
                     lines += [f"{ind}{v} = {v}{nz}" for v in names]
             else:
+                per_lane = []
                 for u in range(lanes):
                     r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
                     (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
-                    lines.append(src.replace("_v =", f"_v{u} ="))
+                    per_lane.append(src.replace("_v =", f"_v{u} ="))
+                if o.indexing == "middle":
+                    # a channel operand: the lanes of one step share a run of r elements
+                    # (and so one value) unless the step crosses a run's end
+                    g = _group(k, i)
+                    lines += [
+                        f"{ind}q{i} = j // r{g}",
+                        f"{ind}if j - q{i} * r{g} + {lanes} <= r{g}:",
+                        f"{ind}    w{i} = in{i}[q{i} % m{g}]{nz}",
+                        *(f"{ind}    {v} = w{i}" for v in names),
+                        f"{ind}else:",
+                        *("    " + ln for ln in per_lane),
+                    ]
+                else:
+                    lines += per_lane
         results = []
         for u in range(lanes):
             w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
@@ -552,6 +579,11 @@ def size_args(
             vals[f"m{i}"] = numel
         elif o.indexing == "leading":
             vals[f"r{i}"] = total // numel if numel else 1
+        elif o.indexing == "middle":
+            pad = (1,) * (len(domain) - len(shp)) + tuple(shp)
+            last = max(d for d, s in enumerate(pad) if s != 1)
+            vals[f"m{i}"] = numel
+            vals[f"r{i}"] = math.prod(domain[last + 1 :])
         elif o.indexing == "strided":
             pad = len(domain) - len(shp)
             for d in range(len(domain)):

@@ -26,7 +26,7 @@ class Operand:
     value: str
     dtype: str
     shape: tuple[int, ...]
-    indexing: str  # same | scalar | trailing | leading | strided (relative to the iteration)
+    indexing: str  # same | scalar | trailing | leading | middle | strided (see indexing())
 
 
 @dataclass
@@ -129,6 +129,8 @@ def indexing(shape: tuple[int, ...], domain: tuple[int, ...]) -> str:
     j = max((i for i, s in enumerate(padded) if s != 1), default=-1)
     if padded[: j + 1] == tuple(domain[: j + 1]) and all(s == 1 for s in padded[j + 1 :]):
         return "leading"  # varies along a leading block: index // (rest)
+    if padded[k : j + 1] == tuple(domain[k : j + 1]):
+        return "middle"  # varies along an inner block (a channel): (index // rest) % numel
     return "strided"
 
 

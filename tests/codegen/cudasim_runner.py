@@ -53,6 +53,16 @@ GRAPHS = {
     "(let r (Mul (Add x b) (Scalar -0.5 f32)))\n(output r)",
     "leading_strided": "(input x f64 [3 4 5])\n(input c f64 [3 1 1])\n(input d f64 [1 4 1])\n"
     "(let r (Sub (Mul x c) d))\n(output r)",
+    # channel operands ((i // r) % m): runs of 5 and 12 elements against 4-wide vectors,
+    # four operands of one shape sharing their index parameters, a bool channel
+    "channel_batch_norm": "(input x f32 [2 3 5])\n(input m f32 [3 1])\n(input v f32 [3 1])\n"
+    "(input w f32 [3 1])\n(input b f32 [3 1])\n"
+    "(let r (Relu (Add (Mul (Mul (Sub x m) (Rsqrt (Add (Abs v) (Scalar 1e-05 f32)))) w) b)))\n"
+    "(output r)",
+    "channel_runs_of_12": "(input x f32 [2 5 3 4])\n(input c f32 [5 1 1])\n"
+    "(let r (Mul x c))\n(output r)",
+    "channel_bool": "(input c bool [4 3 1])\n(input x f32 [2 4 3 6])\n(input y f32 [2 4 3 6])\n"
+    "(let r (Where c x y))\n(output r)",
     "vector_with_tail": "(input a f32 [2003])\n(input b f32 [2003])\n"
     "(let r (Tanh (Mul a (Add b (Scalar 0.25 f32)))))\n(output r)",
     "bool_loop": "(input a bool [1500])\n(input b bool [1500])\n(input c bool [1500])\n"

@@ -126,7 +126,9 @@ def test_vector_variant_only_for_aligned_operands(offset):
     [
         ((513, 1031), "[1031]", "trailing"),
         ((513, 1031), "[513 1]", "leading"),
-        ((7, 129, 33), "[1 129 1]", "strided"),
+        ((7, 129, 33), "[1 129 1]", "middle"),
+        ((7, 130, 36), "[1 130 1]", "middle"),  # runs of 36: vector steps stay in one run
+        ((7, 129, 33), "[7 1 33]", "strided"),
     ],
 )
 def test_broadcast_operands(shape, bias, indexing):

@@ -1,0 +1,67 @@
+"""Where the device time of one block goes: kernels by total device time (CUPTI, through
+torch.profiler) for eager PyTorch and saturn, per call, after warm-up.
+
+    python bench/profile_blocks.py [workload ...]      (on a GPU machine)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import saturn  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.compile.blocks import WORKLOADS, make
+
+GPU = "saturn:1"
+CALLS = 10
+TOP = 14
+
+
+def kernels(fn, x, sync) -> None:
+    for _ in range(5):
+        fn(x)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn(x)
+        sync()
+    with tempfile.TemporaryDirectory() as d:  # CUPTI's kernel records, from kineto's trace
+        prof.export_chrome_trace(f"{d}/trace.json")
+        trace = json.loads(Path(f"{d}/trace.json").read_text())
+    rows: dict[str, tuple[float, int]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            t, n = rows.get(e["name"], (0.0, 0))
+            rows[e["name"]] = (t + float(e.get("dur", 0)), n + 1)
+    total = sum(t for t, _ in rows.values()) / CALLS
+    count = sum(n for _, n in rows.values()) / CALLS
+    print(f"    device time per call {total:9.1f} us in {count:.0f} kernels")
+    for name, (t, n) in sorted(rows.items(), key=lambda r: -r[1][0])[:TOP]:
+        print(f"    {t / CALLS:9.1f} us  x{n / CALLS:4.1f}  {name[:110]}")
+
+
+def main(names: list[str]) -> None:
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name in names:
+        model, x = make(name)
+        with torch.no_grad():
+            print(f"{name}: eager")
+            kernels(copy.deepcopy(model).cuda(), x.cuda(), torch.cuda.synchronize)
+            torch._dynamo.reset()
+            sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
+            print(f"{name}: saturn")
+            kernels(sat, x.to(GPU), lambda: torch.saturn.synchronize(GPU))
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(WORKLOADS))
