@@ -9,7 +9,9 @@ What is timed, for each workload and each implementation, after warm-up calls:
 Workloads (tests/compile/blocks.py): MLP (Linear, tanh-GELU, Linear), TransformerEncoderLayer
 (8 heads, 4x feed-forward, no dropout), ResNet basic block (eval), each at a small and a
 large size. TF32 off everywhere (torch's matmul default; cuDNN's TF32 turned off for eager
-and Inductor so that all four compute float32).
+and Inductor so that all compute float32); "saturn tf32x3" is saturn with that option
+(float32 GEMMs as three TF32 products of split operands where that is faster, float32-level
+accuracy: see its max error column).
 
     python bench/blocks.py [workload ...]      (on a GPU machine)
 """
@@ -79,17 +81,26 @@ def main(names: list[str]) -> None:
             sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
             xs = x.to(GPU)
             rows["saturn"] = (*timed(sat, xs, saturn_sync), sat(xs))
+            torch._dynamo.reset()
+            sat3 = torch.compile(
+                copy.deepcopy(model).to(GPU),
+                backend="saturn",
+                options={"tf32x3": True},
+                dynamic=False,
+            )
+            rows["saturn tf32x3"] = (*timed(sat3, xs, saturn_sync), sat3(xs))
         for impl, (call, host, out) in rows.items():
             err = (out.cpu() - want).abs().max().item()
             print(f"{name:22s} {impl:24s} {call:9.1f} {host:9.1f} {err:9.2e}")
         best_ind = min(rows["inductor"][0], rows["inductor reduce-overhead"][0])
-        s = rows["saturn"][0]
-        summary.append((name, rows["eager"][0] / s, best_ind / s))
-        del m_cuda, xc, ind, ind_ro, sat, xs
+        for impl in ("saturn", "saturn tf32x3"):
+            s = rows[impl][0]
+            summary.append((f"{name} {impl[7:]}", rows["eager"][0] / s, best_ind / s))
+        del m_cuda, xc, ind, ind_ro, sat, sat3, xs
         torch.cuda.empty_cache()
     print("\nspeed-up of saturn (time of the other / time of saturn):")
     for name, vs_eager, vs_ind in summary:
-        print(f"  {name:22s} vs eager {vs_eager:5.2f}x   vs Inductor's best mode {vs_ind:5.2f}x")
+        print(f"  {name:29s} vs eager {vs_eager:5.2f}x   vs Inductor's best mode {vs_ind:5.2f}x")
 
 
 if __name__ == "__main__":

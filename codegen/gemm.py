@@ -14,7 +14,12 @@ belongs to the output feature, the column of ``out = a @ b``. So a bias epilogue
 transposed product ``out^T = b^T @ a^T`` into ``out`` seen column-major: the same memory, no
 copy, weights used as stored. Its GELU is the tanh approximation.
 
-float32 computes in float32 (``COMPUTE_32F``) unless TF32 is allowed by option.
+float32 computes in float32 (``COMPUTE_32F``) by default. ``precision="tf32"`` lets cuBLASLt
+round the inputs to TF32 (10-bit mantissa). ``precision="tf32x3"`` keeps float32-level
+accuracy on the tensor cores: each operand is split as ``x = hi + lo`` with ``hi`` = x rounded
+to TF32 and ``lo`` = the rest rounded to TF32, and the product is
+``a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi`` (three TF32 GEMMs accumulating into the output in
+float32, the epilogue on the last); the dropped ``a_lo @ b_lo`` is below 2^-22 of each term.
 """
 
 from __future__ import annotations
@@ -61,6 +66,77 @@ def device_array(ptr: int, lay: Layout):
 
 
 EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
+PRECISIONS = ("fp32", "tf32", "tf32x3")
+
+# hi = x rounded to TF32 (to nearest, ties away: cvt.rna), lo = (x - hi) rounded likewise
+# (x - hi is exact in float32), hc = hi with infinities and NaN replaced by zero. The main
+# product hi @ hi carries infinities and NaN as a TF32 product does (rounding keeps signs
+# and zeros); the corrections lo @ hc and hc @ lo never see them (an infinity times a zero
+# lo would be NaN). A finite x that rounds up to infinity is truncated instead.
+_SPLIT_SOURCE = r"""
+extern "C" __global__ void split_tf32(const float* x, float* hi, float* lo, float* hc,
+                                      long long n) {
+  long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    float v = x[i];
+    unsigned int h, l;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
+    float fh = __uint_as_float(h);
+    if (isinf(fh) && !isinf(v)) fh = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+    bool fin = isfinite(v);
+    float r = fin ? v - fh : 0.0f;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+    hi[i] = fin ? fh : v;
+    lo[i] = __uint_as_float(l);
+    hc[i] = fin ? fh : 0.0f;
+  }
+}
+"""
+_SPLIT_KERNEL = None
+
+
+def _split_kernel():
+    global _SPLIT_KERNEL
+    if _SPLIT_KERNEL is None:
+        import cupy
+
+        _SPLIT_KERNEL = cupy.RawKernel(_SPLIT_SOURCE, "split_tf32")
+    return _SPLIT_KERNEL
+
+
+def span(lay: Layout) -> int:
+    """Elements from an operand's first to its last (what a split reads and writes)."""
+    return 1 + sum((n - 1) * s for n, s in zip(lay.shape, lay.strides, strict=True))
+
+
+class _Split:
+    """An operand's TF32 halves in buffers of its own span and strides (so the halves are
+    read with the operand's layout); refreshed from the operand on every call."""
+
+    def __init__(self, lay: Layout, alloc):
+        import cupy
+
+        self.n = span(lay)
+        self.bufs = [alloc(self.n * 4) for _ in range(3)]  # keep them alive
+        self.hi, self.lo, self.hc = (b.data_ptr() for b in self.bufs)
+        self.mem = [
+            cupy.ndarray((self.n,), np.float32, _pointer(p, self.n * 4))
+            for p in (self.hi, self.lo, self.hc)
+        ]
+
+    def run(self, src: int, stream: int) -> None:
+        import cupy
+
+        x = cupy.ndarray((self.n,), np.float32, _pointer(src, self.n * 4))
+        blocks = min(max(1, (self.n + 255) // 256), 132 * 16)
+        with cupy.cuda.ExternalStream(stream):
+            _split_kernel()((blocks,), (256,), (x, *self.mem, np.int64(self.n)))
+
+
+def _pointer(ptr: int, nbytes: int):
+    import cupy
+
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), None), 0)
 
 
 class GemmPlan:
@@ -75,9 +151,17 @@ class GemmPlan:
         bias: Layout | None,
         ptrs: tuple[int, ...],
         stream: int,
-        tf32: bool = False,
+        precision: str = "fp32",
         autotune: bool = True,
+        alloc=None,
+        choose: bool = True,
     ):
+        """``alloc(nbytes)``: device memory the plan keeps (an object with ``data_ptr()``),
+        needed by ``tf32x3`` for the operands' halves. With ``choose``, a ``tf32x3`` plan is
+        timed against the float32 one on the first call's operands and the faster kept
+        (both give float32-level results; small products lose to the extra launches)."""
+        if precision not in PRECISIONS:
+            raise GemmError(f"unknown GEMM precision {precision!r}; one of {PRECISIONS}")
         if epilogue not in EPILOGUES:
             raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
         if (bias is None) != (epilogue == "none"):
@@ -93,11 +177,40 @@ class GemmPlan:
         self.layouts = (a, b, out, bias)
         self.epilogue = epilogue
         self.stream = stream
-        self.tf32 = tf32
+        self.precision = precision if out.dtype == "f32" else "fp32"
         self.autotune = autotune  # time the candidates on the first call's own operands
         self.transposed = bias is not None
         self._ptrs: tuple[int, ...] | None = None
+        self.splits: tuple[_Split, _Split] | None = None
+        if self.precision == "tf32x3":
+            if alloc is None:
+                raise GemmError("tf32x3 needs an allocator for the operands' halves")
+            self.splits = (_Split(a, alloc), _Split(b, alloc))
         self._build(ptrs)
+        self.timings: dict[str, float] = {}  # ms per product, when chosen by timing
+        if self.splits is not None and choose:
+            split, self.timings["tf32x3"] = (self.splits, self.mms), self._time(ptrs)
+            self.splits = None
+            self._build(ptrs)
+            self.timings["fp32"] = self._time(ptrs)
+            if self.timings["tf32x3"] < self.timings["fp32"]:
+                self.splits, self.mms = split
+                self.mm = self.mms[-1]
+            else:
+                self.precision = "fp32"
+
+    def _time(self, ptrs: tuple[int, ...], reps: int = 5) -> float:
+        import cupy
+
+        stream = cupy.cuda.ExternalStream(self.stream)
+        self.run(ptrs)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        for _ in range(reps):
+            self.run(ptrs)
+        end.record(stream)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / reps
 
     def _operands(self, ptrs: tuple[int, ...]):
         a, b, out, bias = self.layouts
@@ -109,48 +222,78 @@ class GemmPlan:
         epi = {"bias": device_array(ptrs[3], bias)} if bias is not None else None
         return ops, epi
 
+    def _products(self, ptrs: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, bool]]:
+        """(pointers, beta, with the epilogue) of each cuBLASLt call making the product."""
+        if self.splits is None:
+            return [(ptrs, 0.0, True)]
+        sa, sb = self.splits
+        rest = ptrs[2:]
+        return [
+            ((sa.lo, sb.hc, *rest), 0.0, False),
+            ((sa.hc, sb.lo, *rest), 1.0, False),
+            ((sa.hi, sb.hi, *rest), 1.0, True),
+        ]
+
     def _build(self, ptrs: tuple[int, ...]) -> None:
         from nvmath.linalg import ComputeType
         from nvmath.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions
 
-        (x, y, c), epi = self._operands(ptrs)
         dtype = self.layouts[2].dtype
+        fast = self.precision == "tf32" or self.splits is not None
         compute = {
-            "f32": ComputeType.COMPUTE_32F_FAST_TF32 if self.tf32 else ComputeType.COMPUTE_32F,
+            "f32": ComputeType.COMPUTE_32F_FAST_TF32 if fast else ComputeType.COMPUTE_32F,
             "f64": ComputeType.COMPUTE_64F,
         }.get(dtype)
         if compute is None:
             raise GemmError(f"no GEMM plan for dtype {dtype}")
+        epilog = {
+            "none": None,
+            "bias": MatmulEpilog.BIAS,
+            "relu_bias": MatmulEpilog.RELU_BIAS,
+            "gelu_bias": MatmulEpilog.GELU_BIAS,
+        }[self.epilogue]
+        self.mms = []
         try:
-            self.mm = Matmul(
-                x,
-                y,
-                c=c,
-                beta=0.0,
-                options=MatmulOptions(inplace=True, compute_type=compute),
-                stream=self.stream,
-            )
-            epilog = {
-                "none": None,
-                "bias": MatmulEpilog.BIAS,
-                "relu_bias": MatmulEpilog.RELU_BIAS,
-                "gelu_bias": MatmulEpilog.GELU_BIAS,
-            }[self.epilogue]
-            # a few candidate algorithms from cuBLASLt's heuristics, timed on these operands
-            self.mm.plan(epilog=epilog, epilog_inputs=epi, stream=self.stream)
-            if self.autotune:
-                self.mm.autotune(iterations=3, stream=self.stream)
+            if self.splits is not None:  # the halves the plans are tuned on
+                self.splits[0].run(ptrs[0], self.stream)
+                self.splits[1].run(ptrs[1], self.stream)
+            for p, beta, last in self._products(ptrs):
+                (x, y, c), epi = self._operands(p)
+                mm = Matmul(
+                    x,
+                    y,
+                    c=c,
+                    beta=beta,
+                    options=MatmulOptions(inplace=True, compute_type=compute),
+                    stream=self.stream,
+                )
+                # cuBLASLt's heuristic candidates, timed on these operands
+                if last:
+                    mm.plan(epilog=epilog, epilog_inputs=epi, stream=self.stream)
+                else:
+                    mm.plan(stream=self.stream)
+                if self.autotune:
+                    mm.autotune(iterations=3, stream=self.stream)
+                self.mms.append(mm)
         except GemmError:
             raise
         except Exception as e:  # nvmath's own message says which layout it refused
             raise GemmError(f"nvmath could not plan this GEMM: {e}") from e
+        self.mm = self.mms[-1]
         self._ptrs = tuple(ptrs)
 
     def run(self, ptrs: tuple[int, ...]) -> None:
         ptrs = tuple(ptrs)
+        if self.splits is not None:
+            self.splits[0].run(ptrs[0], self.stream)
+            self.splits[1].run(ptrs[1], self.stream)
         if ptrs != self._ptrs:
-            (x, y, c), epi = self._operands(ptrs)
             # layouts are unchanged by construction, so the checked form's work is not needed
-            self.mm.reset_operands_unchecked(a=x, b=y, c=c, epilog_inputs=epi, stream=self.stream)
+            for mm, (p, _, last) in zip(self.mms, self._products(ptrs), strict=True):
+                (x, y, c), epi = self._operands(p)
+                mm.reset_operands_unchecked(
+                    a=x, b=y, c=c, epilog_inputs=epi if last else None, stream=self.stream
+                )
             self._ptrs = ptrs
-        self.mm.execute(stream=self.stream)
+        for mm in self.mms:
+            mm.execute(stream=self.stream)

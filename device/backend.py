@@ -186,7 +186,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         host_calls=imported.host_calls,
         input_names=imported.inputs,
         replay=opts.replay,
-        tf32=opts.tf32,
+        precision=opts.precision,
     )
     assert len(outs) == k
     if imported.symbols:  # one compile over markers; a concrete recipe per size seen

@@ -45,10 +45,14 @@ def layout(t: torch.Tensor) -> Layout:
 
 
 class GpuRunner:
-    def __init__(self, recipe, replay: bool = True, tf32: bool = False):
+    # tf32x3 GEMMs are kept only where faster than float32 (tests turn the choice off)
+    choose_precision = True
+
+    def __init__(self, recipe, replay: bool = True, precision: str = "fp32"):
         self.r = recipe
         self.device = recipe.device
-        self.tf32 = tf32
+        self.precision = precision
+        self.tf32 = precision == "tf32"  # convolutions: TF32 only when asked for plainly
         prog = recipe.program
         self.memory = plan_memory(prog)
         cc = torch.saturn.get_device_capability(self.device)
@@ -201,7 +205,9 @@ class GpuRunner:
                     bias,
                     (*ptrs[:2], out.data_ptr(), *ptrs[2:]),
                     self.stream,
-                    self.tf32,
+                    self.precision,
+                    alloc=lambda n: self._workspace(n, keep=False),
+                    choose=self.choose_precision,
                 )
                 have = self.plans[s.output] = (key, plan)
             have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))

@@ -20,6 +20,13 @@ class Options:
     seconds: float = Bounds.seconds
     replay: bool = True  # CUDA-graph replay of static graphs on a GPU
     tf32: bool = False  # float32 GEMMs and convolutions may round inputs to TF32
+    tf32x3: bool = False  # float32 GEMMs as three TF32 products of split operands
+
+    @property
+    def precision(self) -> str:
+        """How float32 GEMMs compute: fp32, tf32 or tf32x3 (see saturn.codegen.gemm)."""
+        return "tf32" if self.tf32 else "tf32x3" if self.tf32x3 else "fp32"
+
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -36,6 +43,7 @@ class Options:
             self.seconds,
             self.replay,
             self.tf32,
+            self.tf32x3,
         )
 
 
@@ -66,6 +74,8 @@ def parse(options: dict | None) -> Options:
         raise ValueError(f"saturn: unknown rewrites {bad}; valid: {valid}")
     rules = options.get("rules", ())
     rules = (rules,) if isinstance(rules, str) else tuple(str(r) for r in rules)
+    if options.get("tf32") and options.get("tf32x3"):
+        raise ValueError("saturn: options tf32 and tf32x3 exclude each other; choose one")
     return Options(
         device=f"saturn:{d.index if d.index is not None else torch.saturn.current_device()}",
         rules=rules,
@@ -75,6 +85,7 @@ def parse(options: dict | None) -> Options:
         seconds=float(options.get("seconds", Bounds.seconds)),
         replay=_flag(options, "replay", True),
         tf32=_flag(options, "tf32", False),
+        tf32x3=_flag(options, "tf32x3", False),
     )
 
 

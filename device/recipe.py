@@ -81,7 +81,7 @@ class Recipe:
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
     stream: int = 0  # the device's stream (GPU targets)
     replay: bool = True  # CUDA-graph replay on GPU targets (see gpu_runner)
-    tf32: bool = False  # float32 GEMMs and convolutions may use TF32
+    precision: str = "fp32"  # float32 GEMMs: fp32, tf32 or tf32x3 (convolutions: TF32 if tf32)
     runner: object = None  # GpuRunner on GPU targets
     last: CallStats = field(default_factory=CallStats)
     _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
@@ -107,7 +107,7 @@ class Recipe:
         if self.on_gpu:
             from .gpu_runner import GpuRunner
 
-            self.runner = GpuRunner(self, replay=self.replay, tf32=self.tf32)
+            self.runner = GpuRunner(self, replay=self.replay, precision=self.precision)
             self.stream = self.runner.stream
             return
         for s in self.program.steps:

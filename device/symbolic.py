@@ -153,7 +153,7 @@ class SymbolicRecipe:
             host_calls=t.host_calls,
             input_names=list(t.input_names),
             replay=t.replay,
-            tf32=t.tf32,
+            precision=t.precision,
         )
         r.prepare()
         with self.lock:

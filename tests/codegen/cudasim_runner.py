@@ -138,6 +138,8 @@ def run_copies() -> int:
         ((3, 33, 35), (2, 0, 1), np.complex128),
         ((5, 34, 6), (0, 2, 1), np.uint8),
         ((4, 6, 5), (1, 0, 2), np.int64),
+        ((2, 5, 3, 8), (0, 2, 1, 3), np.float32),  # a head permute: contiguous rows
+        ((3, 4, 6), (1, 0, 2), np.int64),  # rows of 2-element vectors
     ]
     for shape, perm, dtype in cases:
         base = (rng.standard_normal(shape) * 50).astype(dtype)
@@ -148,7 +150,13 @@ def run_copies() -> int:
         out = np.zeros(view.size * (2 if width == 16 else 1), dtype=word)
         strides = [st // width for st in view.strides]
         a = cg.fastest_axis(view.shape, strides)
-        if a != view.ndim - 1:
+        if cg.row_copy_fits(width, view.shape, strides, (0, 0)):
+            g = cg.generate_row_copy(width, view.ndim)
+            fn = cuda.jit(cg.python_function(g))
+            nv = view.size // g.lanes
+            fn[2, cg.THREADS // 4](out, src, nv, *view.shape, *strides)
+            kind = "rows"
+        elif a != view.ndim - 1:
             g = cg.generate_tiled_copy(width, view.ndim, a)
             fn = cuda.jit(cg.python_function(g))
             fn[cg.tiled_grid(view.shape, a), cg.THREADS](out, src, *view.shape, *strides)

@@ -27,6 +27,17 @@ def test_unknown_option_is_rejected_with_the_valid_list():
         fn(torch.ones(2).to(DEV))
 
 
+def test_precision_options_exclude_each_other():
+    from saturn.options import parse
+
+    assert parse({"device": DEV}).precision == "fp32"
+    assert parse({"device": DEV, "tf32x3": True}).precision == "tf32x3"
+    with pytest.raises(ValueError, match="tf32 and tf32x3 exclude each other"):
+        parse({"device": DEV, "tf32": True, "tf32x3": True})
+    with pytest.raises(ValueError, match="tf32x3 must be True or False"):
+        parse({"device": DEV, "tf32x3": "yes"})
+
+
 def test_same_graph_from_two_call_sites_compiles_once_and_survives_reset():
     torch._dynamo.reset()
     backend.CACHE.clear()

@@ -126,3 +126,69 @@ def test_tf32_option_is_looser_than_float32():
         got = fn(a.to(GPU), b.to(GPU)).cpu().double()
         errs[tf32] = (got - want).abs().max().item()
     assert errs[False] < 1e-3 < errs[True], errs
+
+
+@pytest.fixture
+def always_split(monkeypatch):
+    """tf32x3 plans kept whatever their speed (by default the faster of it and float32)."""
+    from saturn.gpu_runner import GpuRunner
+
+    monkeypatch.setattr(GpuRunner, "choose_precision", False)
+
+
+def test_tf32x3_is_as_accurate_as_float32_on_tensor_cores(always_split):
+    """Split operands, three TF32 products: float32-level error against float64 (where
+    plain TF32 is a thousand times looser), through the bias+GELU epilogue too."""
+    torch.manual_seed(3)
+    a, b = torch.randn(512, 1024), torch.randn(1024, 512)
+    want = a.double() @ b.double()
+    errs = {}
+    for opts in ({}, {"tf32": True}, {"tf32x3": True}):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda a, b: a @ b, backend="saturn", options=opts, dynamic=False)
+        got = fn(a.to(GPU), b.to(GPU)).cpu().double()
+        errs[tuple(opts)] = (got - want).abs().max().item()
+    assert errs[("tf32x3",)] < 4 * errs[()] < 1e-3 < errs[("tf32",)], errs
+    model, x = make("mlp-8x128x512")
+    with torch.no_grad():
+        compiles = backend.CACHE.compiles
+        got = compiled_on_gpu(model, {"tf32x3": True})(x.to(GPU))
+        torch.testing.assert_close(got.cpu(), model(x), rtol=1e-5, atol=1e-5)
+        got = compiled_on_gpu(model, {"tf32x3": True})
+        for _ in range(3):  # captured and replayed: the split kernels are in the graph
+            torch.testing.assert_close(got(x.to(GPU)).cpu(), model(x), rtol=1e-5, atol=1e-5)
+    (*_, recipe) = recipes_of(compiles)
+    plans = [p for _, p in recipe.runner.plans.values()]
+    assert len(plans) == 2 and all(p.precision == "tf32x3" and len(p.mms) == 3 for p in plans)
+    assert recipe.runner.replays >= 1
+
+
+def test_tf32x3_is_kept_only_where_timed_faster():
+    torch.manual_seed(4)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
+    fn = torch.compile(lambda a, b: a @ b, backend="saturn", options={"tf32x3": True})
+    got = fn(a.to(GPU), b.to(GPU)).cpu().double()
+    exact = a.double() @ b.double()
+    # float32-level either way: within a few times the CPU's own float32 error
+    assert (got - exact).abs().max() <= 4 * ((a @ b).double() - exact).abs().max()
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert set(plan.timings) == {"tf32x3", "fp32"}
+    faster = min(plan.timings, key=plan.timings.get)
+    assert plan.precision == faster and len(plan.mms) == (3 if faster == "tf32x3" else 1)
+
+
+def test_tf32x3_keeps_infinities_and_nan_as_float32_does(always_split):
+    a = torch.randn(64, 64)
+    b = torch.randn(64, 64).abs() + 0.1  # positive: a row of inf gives inf, not inf - inf
+    a[3, :] = float("inf")
+    a[5, 7] = float("nan")
+    a[9, :] = 3.4e38  # rounds up past float32's largest value: truncated instead
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, b: a @ b, backend="saturn", options={"tf32x3": True})
+    got = fn(a.to(GPU), b.to(GPU)).cpu()
+    want = a @ b
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got.isnan(), want.isnan())
+    finite = want.isfinite()
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
