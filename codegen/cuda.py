@@ -216,15 +216,25 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
                     r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
                     (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
                     per_lane.append(src.replace("_v =", f"_v{u} ="))
-                if o.indexing == "middle":
-                    # a channel operand: the lanes of one step share a run of r elements
-                    # (and so one value) unless the step crosses a run's end
-                    g = _group(k, i)
+                if o.indexing in ("middle", "leading"):
+                    # the lanes of one step share a run of r elements (and so one value)
+                    # unless the step crosses a run's end: one division, not one per lane
+                    g = _group(k, i) if o.indexing == "middle" else i
+                    at = f"q{i} % m{g}" if o.indexing == "middle" else f"q{i}"
                     lines += [
                         f"{ind}q{i} = j // r{g}",
                         f"{ind}if j - q{i} * r{g} + {lanes} <= r{g}:",
-                        f"{ind}    w{i} = in{i}[q{i} % m{g}]{nz}",
+                        f"{ind}    w{i} = in{i}[{at}]{nz}",
                         *(f"{ind}    {v} = w{i}" for v in names),
+                        f"{ind}else:",
+                        *("    " + ln for ln in per_lane),
+                    ]
+                elif o.indexing == "trailing":
+                    # a bias: the lanes read adjacent elements unless the step wraps
+                    lines += [
+                        f"{ind}t{i} = j % m{i}",
+                        f"{ind}if t{i} + {lanes} <= m{i}:",
+                        *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
                         f"{ind}else:",
                         *("    " + ln for ln in per_lane),
                     ]
