@@ -851,30 +851,19 @@ class CopyKernel:
                 *sts,
             )
             return
+        kernel, count = self.kernel, n
         if row_copy_fits(self.width, shape, strides, (out_ptr, src_ptr)):
             if self._rows is None:
                 self._rows = load(generate_row_copy(self.width, self.rank), self.cc)
-            nv = n // ROW_LANES[self.width]
-            blocks, threads = grid_for(self.g, {"n": nv})
-            launch(
-                core_stream(stream),
-                LaunchConfig(grid=blocks, block=threads),
-                self._rows,
-                np.uint64(out_ptr),
-                np.uint64(src_ptr),
-                np.int64(nv),
-                *dims,
-                *sts,
-            )
-            return
-        blocks, threads = grid_for(self.g, {"n": n})
+            kernel, count = self._rows, n // ROW_LANES[self.width]  # vectors, not elements
+        blocks, threads = grid_for(self.g, {"n": count})
         launch(
             core_stream(stream),
             LaunchConfig(grid=blocks, block=threads),
-            self.kernel,
+            kernel,
             np.uint64(out_ptr),
             np.uint64(src_ptr),
-            np.int64(n),
+            np.int64(count),
             *dims,
             *sts,
         )
