@@ -35,9 +35,15 @@ def _flat_read(name: str, indexing: str, i: int) -> str:
     raise ValueError(indexing)
 
 
+def _flat(k: Kernel) -> bool:
+    """Whether a loop reads every operand at a flat index (else through broadcast views:
+    strided and channel operands, whose index needs the shape)."""
+    return all(o.indexing not in ("strided", "middle") for o in k.inputs)
+
+
 def loop_source(k: Kernel, fn: str) -> str:
     names = [f"in{i}" for i in range(len(k.inputs))]
-    flat = all(o.indexing not in ("strided", "middle") for o in k.inputs)
+    flat = _flat(k)
     rank = len(k.domain)
     if flat:
         idx = "i"
@@ -157,7 +163,7 @@ def load(k: Kernel) -> Callable:
 
 def prepare_operands(k: Kernel, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Arrays shaped for the kernel: flat for packed loops, broadcast views otherwise."""
-    flat = k.kind == "loop" and all(o.indexing not in ("strided", "middle") for o in k.inputs)
+    flat = k.kind == "loop" and _flat(k)
     out = []
     for o, a in zip(k.inputs, arrays, strict=True):
         if tuple(a.shape) != tuple(o.shape):
@@ -176,7 +182,7 @@ def run(k: Kernel, out: np.ndarray, arrays: list[np.ndarray]) -> None:
     fn = load(k)
     ops = prepare_operands(k, arrays)
     if k.kind == "loop":
-        if all(o.indexing not in ("strided", "middle") for o in k.inputs):
+        if _flat(k):
             fn(out.reshape(-1) if out.ndim else out.reshape(1), *ops)
         else:
             fn(out, *ops)

@@ -18,8 +18,9 @@ float32 computes in float32 (``COMPUTE_32F``) by default. ``precision="tf32"`` l
 round the inputs to TF32 (10-bit mantissa). ``precision="tf32x3"`` keeps float32-level
 accuracy on the tensor cores: each operand is split as ``x = hi + lo`` with ``hi`` = x rounded
 to TF32 and ``lo`` = the rest rounded to TF32, and the product is
-``a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi`` (three TF32 GEMMs accumulating into the output in
-float32, the epilogue on the last); the dropped ``a_lo @ b_lo`` is below 2^-22 of each term.
+``a_lo @ b_hc + a_hc @ b_lo + a_hi @ b_hi`` (three TF32 GEMMs accumulating into the output in
+float32, the epilogue on the last; ``hc`` is ``hi`` without infinities and NaN, see below).
+The dropped ``a_lo @ b_lo`` and the rounding of ``lo`` are each about 2^-22 of a product.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ def device_array(ptr: int, lay: Layout):
     import cupy
 
     dt = np.dtype(ot.NUMPY_DTYPE[lay.dtype])
-    span = 1 + sum((n - 1) * s for n, s in zip(lay.shape, lay.strides, strict=True))
-    nbytes = max(span, 1) * dt.itemsize
+    nbytes = max(span(lay), 1) * dt.itemsize
     mem = cupy.cuda.UnownedMemory(ptr, nbytes, None)
     return cupy.ndarray(
         lay.shape,
@@ -114,29 +114,21 @@ class _Split:
     read with the operand's layout); refreshed from the operand on every call."""
 
     def __init__(self, lay: Layout, alloc):
-        import cupy
-
         self.n = span(lay)
+        self.flat = Layout("f32", (self.n,), (1,))
         self.bufs = [alloc(self.n * 4) for _ in range(3)]  # keep them alive
         self.hi, self.lo, self.hc = (b.data_ptr() for b in self.bufs)
-        self.mem = [
-            cupy.ndarray((self.n,), np.float32, _pointer(p, self.n * 4))
-            for p in (self.hi, self.lo, self.hc)
-        ]
+        self.mem = [device_array(p, self.flat) for p in (self.hi, self.lo, self.hc)]
+        self._src: tuple[int, object] | None = None  # the last source pointer and its array
 
     def run(self, src: int, stream: int) -> None:
         import cupy
 
-        x = cupy.ndarray((self.n,), np.float32, _pointer(src, self.n * 4))
+        if self._src is None or self._src[0] != src:
+            self._src = (src, device_array(src, self.flat))
         blocks = min(max(1, (self.n + 255) // 256), 132 * 16)
         with cupy.cuda.ExternalStream(stream):
-            _split_kernel()((blocks,), (256,), (x, *self.mem, np.int64(self.n)))
-
-
-def _pointer(ptr: int, nbytes: int):
-    import cupy
-
-    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), None), 0)
+            _split_kernel()((blocks,), (256,), (self._src[1], *self.mem, np.int64(self.n)))
 
 
 class GemmPlan:

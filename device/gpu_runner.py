@@ -52,7 +52,6 @@ class GpuRunner:
         self.r = recipe
         self.device = recipe.device
         self.precision = precision
-        self.tf32 = precision == "tf32"  # convolutions: TF32 only when asked for plainly
         prog = recipe.program
         self.memory = plan_memory(prog)
         cc = torch.saturn.get_device_capability(self.device)
@@ -224,7 +223,7 @@ class GpuRunner:
                     tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
                 ),
                 self.stream,
-                self.tf32,
+                self.precision == "tf32",  # convolutions: TF32 only when asked for plainly
             )
             plan.autotune((*ptrs, out.data_ptr()), self._workspace)
             self._scratch = None

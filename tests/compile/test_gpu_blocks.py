@@ -186,8 +186,11 @@ def test_tf32x3_keeps_infinities_and_nan_as_float32_does(always_split):
     a[5, 7] = float("nan")
     a[9, :] = 3.4e38  # rounds up past float32's largest value: truncated instead
     torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
     fn = torch.compile(lambda a, b: a @ b, backend="saturn", options={"tf32x3": True})
     got = fn(a.to(GPU), b.to(GPU)).cpu()
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert plan.precision == "tf32x3" and len(plan.mms) == 3  # the split path ran
     want = a @ b
     assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got.isnan(), want.isnan())
     finite = want.isfinite()
