@@ -183,6 +183,55 @@ def vector_lanes(k: Kernel) -> int:
     return max(1, min(4, 16 // widest))
 
 
+def _vector_reads(
+    k: Kernel, lanes: int, rank: int, dnames: list[str], ind: str, used: set[int] | None = None
+) -> list[str]:
+    """Statements reading ``lanes`` adjacent elements (flat index ``j`` on) of every operand
+    (or those in ``used``) as ``in{i}_v{u}``: packed operands as one vector access,
+    broadcast operands once per run where the lanes share a value."""
+    lines: list[str] = []
+    for i, o in enumerate(k.inputs):
+        if used is not None and i not in used:
+            continue
+        names = [f"in{i}_v{u}" for u in range(lanes)]
+        nz = " != 0" if o.dtype == "bool" else ""
+        if o.indexing == "same":
+            lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, j)")
+            if nz:
+                lines += [f"{ind}{v} = {v}{nz}" for v in names]
+        else:
+            per_lane = []
+            for u in range(lanes):
+                r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
+                (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
+                per_lane.append(src.replace("_v =", f"_v{u} ="))
+            if o.indexing in ("middle", "leading"):
+                # the lanes of one step share a run of r elements (and so one value)
+                # unless the step crosses a run's end: one division, not one per lane
+                g = _group(k, i) if o.indexing == "middle" else i
+                at = f"q{i} % m{g}" if o.indexing == "middle" else f"q{i}"
+                lines += [
+                    f"{ind}q{i} = j // r{g}",
+                    f"{ind}if j - q{i} * r{g} + {lanes} <= r{g}:",
+                    f"{ind}    w{i} = in{i}[{at}]{nz}",
+                    *(f"{ind}    {v} = w{i}" for v in names),
+                    f"{ind}else:",
+                    *("    " + ln for ln in per_lane),
+                ]
+            elif o.indexing == "trailing":
+                # a bias: the lanes read adjacent elements unless the step wraps
+                lines += [
+                    f"{ind}t{i} = j % m{i}",
+                    f"{ind}if t{i} + {lanes} <= m{i}:",
+                    *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
+                    f"{ind}else:",
+                    *("    " + ln for ln in per_lane),
+                ]
+            else:
+                lines += per_lane
+    return lines
+
+
 def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     """A grid-stride loop. With ``lanes`` > 1 each thread takes ``lanes`` adjacent elements
     per step: packed operands and the output move as one vector access (the launcher checks
@@ -203,43 +252,7 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     ]
     if lanes > 1:
         lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
-        for i, o in enumerate(k.inputs):
-            names = [f"in{i}_v{u}" for u in range(lanes)]
-            nz = " != 0" if o.dtype == "bool" else ""
-            if o.indexing == "same":
-                lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, j)")
-                if nz:
-                    lines += [f"{ind}{v} = {v}{nz}" for v in names]
-            else:
-                per_lane = []
-                for u in range(lanes):
-                    r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
-                    (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
-                    per_lane.append(src.replace("_v =", f"_v{u} ="))
-                if o.indexing in ("middle", "leading"):
-                    # the lanes of one step share a run of r elements (and so one value)
-                    # unless the step crosses a run's end: one division, not one per lane
-                    g = _group(k, i) if o.indexing == "middle" else i
-                    at = f"q{i} % m{g}" if o.indexing == "middle" else f"q{i}"
-                    lines += [
-                        f"{ind}q{i} = j // r{g}",
-                        f"{ind}if j - q{i} * r{g} + {lanes} <= r{g}:",
-                        f"{ind}    w{i} = in{i}[{at}]{nz}",
-                        *(f"{ind}    {v} = w{i}" for v in names),
-                        f"{ind}else:",
-                        *("    " + ln for ln in per_lane),
-                    ]
-                elif o.indexing == "trailing":
-                    # a bias: the lanes read adjacent elements unless the step wraps
-                    lines += [
-                        f"{ind}t{i} = j % m{i}",
-                        f"{ind}if t{i} + {lanes} <= m{i}:",
-                        *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
-                        f"{ind}else:",
-                        *("    " + ln for ln in per_lane),
-                    ]
-                else:
-                    lines += per_lane
+        lines += _vector_reads(k, lanes, rank, dnames, ind)
         results = []
         for u in range(lanes):
             w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
@@ -365,6 +378,106 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
             *_store_reduced(k, "out[p]", finish, "        "),
         ]
     return "\n".join(lines), params, style
+
+
+ROWS_PER_BLOCK = THREADS // 32  # rows kernels: a warp per row
+
+
+def _used(e: tuple) -> set[int]:
+    if e[0] == "in":
+        return {e[1]}
+    if e[0] in ("const", "stage"):
+        return set()
+    return set().union(*(_used(c) for c in e[1:] if isinstance(c, tuple)))
+
+
+def rows_lanes(k: Kernel) -> int:
+    """Elements per vector access in a rows kernel: as in loops, when no operand is strided
+    and the row length is a multiple (so every row starts aligned)."""
+    lanes = vector_lanes(k)
+    return lanes if k.domain and k.domain[-1] % lanes == 0 else 1
+
+
+def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
+    """A ``rows`` kernel (``fuse_rows``): a warp per row computes the stages in order (each a
+    pass over the row, reduced across the warp and broadcast to every lane), then a last
+    pass writes the body. Later passes re-read the row, which the first brought into cache.
+    With ``lanes`` > 1 a lane takes that many adjacent elements per step, packed operands
+    and the output as one vector access."""
+    rank = len(k.domain)
+    dnames = [f"s{d}" for d in range(rank)]
+    uses_shape = any(o.indexing == "strided" for o in k.inputs)
+    ind = "            "
+    all_reads, ints = _operand_reads(k, "j", rank, dnames, ind)
+    params = Params(
+        ["out", *[f"in{i}" for i in range(len(k.inputs))]],
+        ["outer", "red", *(dnames if uses_shape else []), *ints],
+    )
+
+    def reads(e: tuple) -> list[str]:
+        if lanes > 1:
+            return _vector_reads(k, lanes, rank, dnames, ind, _used(e))
+        skip = tuple(f"{ind}in{i}_v =" for i in range(len(k.inputs)) if i not in _used(e))
+        return [ln for ln in all_reads if not ln.startswith(skip)] if skip else all_reads
+
+    def bodies(e: tuple, tag: str) -> tuple[list[str], list[str]]:
+        """Statements and result variables of ``e`` for each lane of a step."""
+        lines, results = [], []
+        for u in range(lanes):
+            name = (lambda i, u=u: f"in{i}_v{u}") if lanes > 1 else (lambda i: f"in{i}_v")
+            w = BodyWriter(name, lambda i: k.inputs[i].dtype, f"{tag}u{u}", stage_vars.__getitem__)
+            res, _ = w.emit(e)
+            lines += [ind + b for b in w.lines]
+            results.append(res)
+        return lines, results
+
+    def step_head() -> list[str]:
+        return [
+            f"        r = lane * {lanes}",
+            "        while r < red:",
+            "            j = row * red + r",
+        ]
+
+    stage_vars: list[tuple[str, str]] = []
+    lines = [
+        f"def {fn}({params.signature()}):",
+        "    lane = cuda.threadIdx.x % 32",
+        f"    row = cuda.blockIdx.x * {ROWS_PER_BLOCK} + cuda.threadIdx.x // 32",
+        "    if row < outer:",  # a whole warp shares its row: the shuffles see all 32 lanes
+    ]
+    for j, st in enumerate(k.stages):
+        acc, acc_t = f"acc{j}", st.acc_dtype
+        body_lines, results = bodies(st.body, f"s{j}")
+        lines += [f"        {acc} = {_identity(st.reduce, acc_t)}", *step_head()]
+        lines += reads(st.body) + body_lines
+        for res in results:
+            lines.append(f"{ind}{acc} = {_combine(st.reduce, acc, f'{NUMBA_TYPE[acc_t]}({res})')}")
+        lines += [
+            f"{ind}r += {32 * lanes}",
+            "        off = 16",
+            "        while off > 0:",
+            f"            {acc} = "
+            + _combine(st.reduce, acc, f"cuda.shfl_down_sync(0xFFFFFFFF, {acc}, off)"),
+            "            off //= 2",
+            f"        {acc} = cuda.shfl_sync(0xFFFFFFFF, {acc}, 0)",
+        ]
+        value = f"{acc} / {NUMBA_TYPE[acc_t]}(red)" if st.reduce == "mean" else acc
+        if st.epilogue is not None:
+            lines.append(f"        red{j} = {NUMBA_TYPE[acc_t]}({value})")
+            w = BodyWriter(lambda i, v=f"red{j}": v, lambda i, t=acc_t: t, f"e{j}")
+            value, _ = w.emit(st.epilogue)
+            lines += ["        " + b for b in w.lines]
+        lines.append(f"        st{j} = {NUMBA_TYPE[st.dtype]}({value})")
+        stage_vars.append((f"st{j}", st.dtype))
+    body_lines, results = bodies(k.body, "")
+    lines += step_head() + reads(k.body) + body_lines
+    if lanes > 1:
+        t = "np.uint8" if k.dtype == "bool" else NUMBA_TYPE[k.dtype]
+        lines.append(f"{ind}vstore{lanes}(out, j, {', '.join(f'{t}({v})' for v in results)})")
+    else:
+        lines.append(ind + _store(k, "j", results[0]))
+    lines.append(f"{ind}r += {32 * lanes}")
+    return "\n".join(lines), params
 
 
 def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
@@ -511,7 +624,7 @@ def generate(k: Kernel, lanes: int | None = None) -> Generated:
     """The kernel for ``k``; loops use ``lanes``-wide vector accesses (default: as wide as
     the operands allow), reductions ignore it."""
     if lanes is None:
-        lanes = vector_lanes(k) if k.kind == "loop" else 1
+        lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     digest = hashlib.sha256(
         repr(
             (
@@ -519,6 +632,7 @@ def generate(k: Kernel, lanes: int | None = None) -> Generated:
                 k.kind,
                 k.body,
                 k.epilogue,
+                k.stages,
                 len(k.domain),
                 k.dtype,
                 k.attrs,
@@ -536,6 +650,9 @@ def generate(k: Kernel, lanes: int | None = None) -> Generated:
     elif k.kind == "reduce":
         body, params, style = reduce_source(k, fn)
         lanes = 1
+    elif k.kind == "rows":
+        body, params = rows_source(k, fn, lanes)
+        style = "rows"
     else:
         raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
     src = (
@@ -613,6 +730,8 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
         return max(1, min(math.ceil(n / THREADS), int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style == "row-warp":
         return max(1, math.ceil(sizes["outer"] / 8)), THREADS
+    if g.style == "rows":
+        return max(1, math.ceil(sizes["outer"] / ROWS_PER_BLOCK)), THREADS
     if g.style == "row-block":
         return max(1, sizes["outer"]), THREADS
     return max(1, math.ceil(sizes["outer"] * sizes["inner"] / 32)), THREADS
@@ -627,6 +746,9 @@ def size_args(
     vals: dict[str, int] = {f"s{d}": s for d, s in enumerate(domain)}
     if k.kind == "loop":
         vals["n"] = math.prod(domain)
+    elif k.kind == "rows":
+        vals["red"] = domain[-1] if domain else 1
+        vals["outer"] = math.prod(domain) // vals["red"] if vals["red"] else 0
     else:
         vals["outer"], vals["red"], vals["inner"] = reduce_layout(k)
     total = math.prod(domain)

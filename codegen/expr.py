@@ -64,9 +64,10 @@ def literal(value: float, dtype: str) -> str:
 class BodyWriter:
     """Turns a body tree into statements; ``operand(i)`` names how operand i is read."""
 
-    def __init__(self, operand, dtype_of_operand, tag: str = ""):
+    def __init__(self, operand, dtype_of_operand, tag: str = "", stage=None):
         self.operand = operand
         self.dtype_of_operand = dtype_of_operand
+        self.stage = stage  # j -> (variable, dtype) of a rows kernel's stage j
         self.tag = tag  # suffix that keeps names apart when one kernel writes a body twice
         self.lines: list[str] = []
         self.count = 0
@@ -87,6 +88,8 @@ class BodyWriter:
     def _emit(self, e: tuple) -> tuple[str, str]:
         if e[0] == "in":
             return self.operand(e[1]), self.dtype_of_operand(e[1])
+        if e[0] == "stage":
+            return self.stage(e[1])
         if e[0] == "const":
             return literal(bits_float(e[1]), e[2]), e[2]
         if e[0] == "cast":

@@ -40,6 +40,19 @@ from .recipe import check_operands, const_tensor
 log = logging.getLogger("saturn")
 
 
+_DRIVER = None
+
+
+def _driver():
+    """cuda.bindings' driver module, imported once (a replayed call uses it twice)."""
+    global _DRIVER
+    if _DRIVER is None:
+        from cuda.bindings import driver
+
+        _DRIVER = driver
+    return _DRIVER
+
+
 def layout(t: torch.Tensor) -> Layout:
     return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
@@ -60,7 +73,7 @@ class GpuRunner:
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
-                if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
+                if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce", "rows"):
                     self.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
                 elif s.kind == "kernel" and s.kernel.kind == "custom":
                     from .custom_ops import resolve
@@ -86,10 +99,12 @@ class GpuRunner:
         self.calls = 0
         self.exec_ = None  # the instantiated graph
         self.captured_outs: list[torch.Tensor] = []
+        self.out_specs: list[tuple | None] = []  # per captured output: shape, dtype, ptr, bytes
         self.captured_ptrs: tuple[int, ...] = ()  # input addresses the graph was captured with
         self.staged: dict[int, torch.Tensor] = {}  # inputs read from a buffer of their own
         self.captures = 0
         self.replays = 0
+        self._ok = _driver().CUresult.CUDA_SUCCESS
         self.lock = threading.Lock()
 
     def _materialize(self) -> None:
@@ -173,7 +188,7 @@ class GpuRunner:
         ops = [env[o.value] for o in k.inputs]
         out = self.buffers[s.output]
         check_operands(s, ops)
-        if k.kind in ("loop", "reduce"):
+        if k.kind in ("loop", "reduce", "rows"):
             ops = [
                 t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
                 for o, t in zip(k.inputs, ops, strict=True)
@@ -244,30 +259,43 @@ class GpuRunner:
                 # the arena is overwritten by the next call: hand out copies of its values
                 return [self._copy_out(t) if self._in_arena(t) else t for t in outs]
             outs = self._replayed(prepared, stats)
-            return [self._copy_out(t) for t in outs]  # a replay's outputs lie in fixed memory
+            if outs is self.captured_outs:  # fixed memory: one device copy out each
+                stats.replayed = True
+                return [self._copy_captured(i) for i in range(len(outs))]
+            return [self._copy_out(t) for t in outs]
 
     def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
         """A fresh tensor with ``t``'s values: one asynchronous device copy when packed."""
         if not t.is_contiguous() or t.device != self.device:
             return t.clone()
-        from cuda.bindings import driver as drv
-
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         if t.numel():
             self._check(
-                drv.cuMemcpyDtoDAsync(
+                _driver().cuMemcpyDtoDAsync(
                     out.data_ptr(), t.data_ptr(), t.numel() * t.element_size(), self.stream
                 ),
                 "cuMemcpyDtoDAsync",
             )
         return out
 
+    def _copy_captured(self, i: int) -> torch.Tensor:
+        """``_copy_out`` of captured output ``i``, from what the capture recorded of it."""
+        spec = self.out_specs[i]
+        if spec is None:  # not packed on the device
+            return self._copy_out(self.captured_outs[i])
+        shape, dtype, src, nbytes = spec
+        out = torch.empty(shape, dtype=dtype, device=self.device)
+        if nbytes:
+            (err,) = _driver().cuMemcpyDtoDAsync(out.data_ptr(), src, nbytes, self.stream)
+            if err != self._ok:
+                self._check((err,), "cuMemcpyDtoDAsync")
+        return out
+
     def _in_arena(self, t: torch.Tensor) -> bool:
         return t.device == self.device and t.untyped_storage().data_ptr() == self.arena.data_ptr()
 
     def _replayed(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
-        from cuda.bindings import driver as drv
-
+        drv = _driver()
         # size inputs (symbolic graphs) are fixed for this recipe: only tensors can move
         ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in prepared)
         if self.exec_ is not None and self.captured_ptrs != ptrs:
@@ -288,21 +316,23 @@ class GpuRunner:
                 env = self._steps(prepared, stats)
                 return [env[v] for v in self.r.program.outputs]
             self.captured_ptrs = ptrs
-        self._check(drv.cuGraphLaunch(self.exec_, self.stream), "cuGraphLaunch")
+        (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
+        if err != self._ok:
+            self._check((err,), "cuGraphLaunch")
         self.replays += 1
         stats.launches += 1
         return self.captured_outs
 
     def _release(self) -> None:
-        from cuda.bindings import driver as drv
-
+        drv = _driver()
         if self.exec_ is not None:
             drv.cuGraphExecDestroy(self.exec_)
         self.exec_, self.captured_outs, self.captured_ptrs = None, [], ()
+        self.out_specs = []
 
     def _capture(self, prepared, stats) -> bool:
         """Capture one call's device work as a graph; False when it is not safe to replay."""
-        from cuda.bindings import driver as drv
+        drv = _driver()
 
         before = torch.saturn.memory_stats(self.device)
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -327,12 +357,17 @@ class GpuRunner:
         self.captures += 1
         self.exec_ = exec_
         self.captured_outs = [env[v] for v in self.r.program.outputs]
+        self.out_specs = [
+            (t.shape, t.dtype, t.data_ptr(), t.numel() * t.element_size())
+            if t.device == self.device and t.is_contiguous()
+            else None
+            for t in self.captured_outs
+        ]
         return True
 
     @staticmethod
     def _check(res, what: str) -> None:
-        from cuda.bindings import driver as drv
-
+        drv = _driver()
         err = res[0] if isinstance(res, tuple) else res
         if err != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"saturn: {what} failed: {err}")

@@ -132,15 +132,17 @@ def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [env[o] for o in graph.outputs]
 
 
-def eval_expr(e: Expr, operands: list[np.ndarray]) -> np.ndarray:
+def eval_expr(e: Expr, operands: list[np.ndarray], stages: list | None = None) -> np.ndarray:
     ops = elementwise_ops()
     if e[0] == "in":
         return operands[e[1]]
+    if e[0] == "stage":
+        return stages[e[1]]
     if e[0] == "const":
         return scalar(e[1], e[2])
     if e[0] == "cast":
-        return eval_expr(e[1], operands).astype(np_dtype(e[2]))
-    args = [eval_expr(c, operands) for c in e[1:]]
+        return eval_expr(e[1], operands, stages).astype(np_dtype(e[2]))
+    args = [eval_expr(c, operands, stages) for c in e[1:]]
     row = ops[e[0]]
     # the result keeps its operands' dtype (comparisons give bool; Where its branches')
     out = np.bool_ if row.out_dtype == "bool" else args[1 if row.name == "Where" else 0].dtype
@@ -167,6 +169,17 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
 
 def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
     k = s.kernel
+    if k.kind == "rows":  # each stage a last-axis reduction, then the body
+        stages = []
+        last = [len(k.domain) - 1]
+        for st in k.stages:
+            v = np.broadcast_to(eval_expr(st.body, operands, stages), k.domain)
+            acc = reduce(st.reduce, v, last, 1, st.acc_dtype)
+            if st.epilogue is not None:
+                acc = np.asarray(eval_expr(st.epilogue, [acc])).astype(np_dtype(st.dtype))
+            stages.append(acc)
+        v = np.broadcast_to(eval_expr(k.body, operands, stages), k.domain)
+        return np.array(v, dtype=np_dtype(k.dtype))
     if k.kind in ("loop", "reduce"):
         v = eval_expr(k.body, operands)
         v = np.broadcast_to(v, k.domain)

@@ -12,7 +12,7 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
-from .program import Program, lower
+from .program import Program, fuse_rows, lower
 
 
 @dataclass
@@ -47,6 +47,8 @@ def compile_graph(
     best = extract_shared(view, model, roots)
     # 4. lower: kernel descriptions, host steps and crossings, validated
     program = lower(graph, view, best, types, place, roots, io_on_device)
+    if machine == "gpu":  # a warp per row: the CUDA emitter's rows kernels
+        program = fuse_rows(program)
     return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))
 
 

@@ -18,7 +18,7 @@ from .errors import ValidationError
 from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
 from .graph import Graph, bits_float, fmt_float, fmt_ints
 
-Expr = tuple  # ("in", i) | ("const", bits, dtype) | (op, *children)
+Expr = tuple  # ("in", i) | ("stage", j) | ("const", bits, dtype) | (op, *children)
 
 
 @dataclass
@@ -30,8 +30,21 @@ class Operand:
 
 
 @dataclass
+class Stage:
+    """One per-row reduction inside a ``rows`` kernel: ``reduce`` of ``body`` along the
+    domain's last axis, then ``epilogue`` (leaf ("in", 0) is the reduced value). Later
+    bodies read the result as the leaf ("stage", j)."""
+
+    reduce: str
+    body: Expr
+    epilogue: Expr | None
+    acc_dtype: str  # what the reduction accumulates
+    dtype: str  # the stage's value after the epilogue
+
+
+@dataclass
 class Kernel:
-    kind: str  # loop | reduce | gemm | conv | custom
+    kind: str  # loop | reduce | rows | gemm | conv | custom
     output: str
     dtype: str
     shape: tuple[int, ...]
@@ -44,6 +57,8 @@ class Kernel:
     # reduce: an elementwise function of the reduced value (its leaf is ("in", 0)), applied
     # before the write; the reduction itself then produces attrs["acc_dtype"]
     epilogue: Expr | None = None
+    # rows: per-row reductions computed, in order, before the body (see fuse_rows)
+    stages: list[Stage] = field(default_factory=list)
 
 
 @dataclass
@@ -84,6 +99,8 @@ class Program:
 def format_expr(e: Expr) -> str:
     if e[0] == "in":
         return f"in{e[1]}"
+    if e[0] == "stage":
+        return f"s{e[1]}"
     if e[0] == "const":
         return f"{fmt_float(bits_float(e[1]))}:{e[2]}"
     if e[0] == "cast":
@@ -104,11 +121,20 @@ def format_step(s: Step) -> str:
         body = f" body {format_expr(k.body)}" if k.body is not None else ""
         if k.epilogue is not None:
             body += f" then {format_expr(k.epilogue).replace('in0', 'acc')}"
+        if k.stages:
+            body = f" stages [{'; '.join(format_stage(st) for st in k.stages)}]" + body
         return f"{s.output} = kernel {k.kind}({ins}){attrs}{body} : {typ}"
     args = " ".join(s.args)
     attrs = "".join(f" {fmt_attr_value(a)}" for a in s.attrs)
     where = f" @{s.place}" if s.kind in ("view", "const") else ""
     return f"{s.output} = {s.kind} {s.op} {args}{attrs}{where} : {typ}".replace("  ", " ")
+
+
+def format_stage(st: Stage) -> str:
+    text = f"{st.reduce} {format_expr(st.body)}"
+    if st.epilogue is not None:
+        text += f" then {format_expr(st.epilogue).replace('in0', 'acc')}"
+    return text
 
 
 def fmt_attr_value(v) -> str:
@@ -420,8 +446,8 @@ def lower(
 
 
 def _leaves(e: Expr) -> set:
-    if e[0] in ("in", "const"):
-        return {e} if e[0] == "in" else set()
+    if e[0] in ("in", "stage", "const"):
+        return set() if e[0] == "const" else {e}
     return set().union(*(_leaves(c) for c in e[1:] if isinstance(c, tuple)))
 
 
@@ -467,6 +493,140 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
                 continue
         steps.append(s)
     return Program(steps, prog.outputs, prog.inputs)
+
+
+ROWS_MAX = 4096  # rows kernels: a warp per row, so rows no longer than this
+ROW_FLOATS = ("f32", "f64")
+
+
+def _remap(e: Expr, table: dict[int, Expr]) -> Expr:
+    if e[0] == "in":
+        return table[e[1]]
+    if e[0] in ("const", "stage"):
+        return e
+    if e[0] == "cast":
+        return ("cast", _remap(e[1], table), e[2])
+    return (e[0], *(_remap(c, table) for c in e[1:]))
+
+
+def _row_stage(s: Step | None, domain: tuple[int, ...]) -> bool:
+    """Whether ``s`` is a reduction a rows kernel over ``domain`` can compute: along the
+    last axis only, kept as a size-1 axis, float accumulation."""
+    k = s.kernel if s is not None else None
+    return (
+        k is not None
+        and k.kind == "reduce"
+        and tuple(k.domain) == domain
+        and list(k.attrs["dims"]) == [len(domain) - 1]
+        and k.attrs["keepdim"] == 1
+        and k.attrs.get("acc_dtype", k.dtype) in ROW_FLOATS
+        and k.dtype in ROW_FLOATS
+    )
+
+
+def _rows_step(s: Step, order: list[Step]) -> Step:
+    """The rows kernel computing loop step ``s`` with the reductions ``order`` as stages."""
+    k = s.kernel
+    stage_of = {st.output: j for j, st in enumerate(order)}
+    operands: list[Operand] = []
+    slot: dict[str, int] = {}
+
+    def table(kern: Kernel) -> dict[int, Expr]:
+        t = {}
+        for i, o in enumerate(kern.inputs):
+            if o.value in stage_of:
+                t[i] = ("stage", stage_of[o.value])
+                continue
+            if o.value not in slot:
+                slot[o.value] = len(operands)
+                operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
+            t[i] = ("in", slot[o.value])
+        return t
+
+    stages, inside = [], list(k.fused)
+    for st in order:
+        r = st.kernel
+        acc = r.attrs.get("acc_dtype", r.dtype)
+        stages.append(Stage(r.attrs["reduce"], _remap(r.body, table(r)), r.epilogue, acc, r.dtype))
+        inside += r.covers + r.fused
+    body = _remap(k.body, table(k))
+    dims = {"dims": [len(k.domain) - 1]}
+    rows = Kernel(
+        "rows",
+        s.output,
+        k.dtype,
+        k.shape,
+        operands,
+        body,
+        k.domain,
+        dims,
+        list(k.covers),
+        inside,
+        stages=stages,
+    )
+    args = tuple(o.value for o in operands)
+    return Step(
+        "kernel",
+        s.output,
+        "rows",
+        args,
+        dtype=s.dtype,
+        shape=s.shape,
+        place=s.place,
+        kernel=rows,
+        covers=rows.covers,
+    )
+
+
+def fuse_rows(prog: Program) -> Program:
+    """Merge a loop with the last-axis reductions it reads per row (softmax's max and sum,
+    layer norm's mean and variance) into one ``rows`` kernel: a warp takes a row, computes
+    the reductions in order and then the loop's body, so the row is read from memory once
+    and the reduced values never are. Exact: each reduction runs the same scalar body over
+    the same elements and combines them in one of the orders a reduction kernel may use;
+    the loop then reads those values. A reduction joins only when everything that reads it
+    is in the group (it would otherwise still be written for the others) and when it is
+    not an output. GPU programs only (the CPU emitter has no rows kernel)."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    outputs = set(prog.outputs)
+    by_output = {s.output: s for s in prog.steps}
+    gone: set[str] = set()
+    fused: dict[str, Step] = {}
+    for s in prog.steps:
+        k = s.kernel
+        if k is None or k.kind != "loop" or not k.domain or k.domain[-1] > ROWS_MAX:
+            continue
+        dom = tuple(k.domain)
+        group: set[str] = set()
+        todo = [o.value for o in k.inputs if o.indexing == "leading"]
+        while todo:
+            v = todo.pop()
+            r = by_output.get(v)
+            if v in group or v in gone or not _row_stage(r, dom):
+                continue
+            group.add(v)
+            todo += [o.value for o in r.kernel.inputs if o.indexing == "leading"]
+        changed = True
+        while changed:  # drop reductions read from outside the group
+            changed = False
+            for v in sorted(group):
+                if v in outputs or not users.get(v, set()) <= group | {s.output}:
+                    group.discard(v)
+                    changed = True
+        if not group:
+            continue
+        order = [st for st in prog.steps if st.output in group]
+        fused[s.output] = _rows_step(s, order)
+        gone |= group
+    if not fused:
+        return prog
+    steps = [fused.get(s.output, s) for s in prog.steps if s.output not in gone]
+    out = _renumber(Program(steps, prog.outputs, prog.inputs))
+    validate(out)
+    return out
 
 
 def _renumber(prog: Program) -> Program:

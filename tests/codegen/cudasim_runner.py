@@ -36,7 +36,19 @@ def _install_warp_shuffle() -> None:
         w["barrier"].wait()
         return out
 
+    def shfl_sync(self, mask, value, src_lane):
+        t = threading.current_thread()
+        key = (id(t._manager), t.thread_id // 32)
+        with lock:
+            w = warps.setdefault(key, {"barrier": threading.Barrier(32), "vals": [None] * 32})
+        w["vals"][t.thread_id % 32] = value
+        w["barrier"].wait()
+        out = w["vals"][src_lane]
+        w["barrier"].wait()
+        return out
+
     kernelapi.FakeCUDAModule.shfl_down_sync = shfl_down_sync
+    kernelapi.FakeCUDAModule.shfl_sync = shfl_sync
 
 
 _install_warp_shuffle()
@@ -84,6 +96,17 @@ GRAPHS = {
     "(let r (Rsqrt (Add (Mean (Mul x x) [1] 0) (Scalar 1e-06 f64))))\n(output r)",
     "epilogue_column_cast": "(input x i32 [30 9])\n(let r (Cast (Sum x [0] 0) f32))\n(output r)",
     "min_nan": "(input x f32 [3 20])\n(let r (Amin x [1] 0))\n(output r)",
+    # rows kernels (fuse_rows): softmax and layer norm as one pass per row; a permuted
+    # (strided) input; float64; a log-softmax whose sum has a log epilogue
+    "rows_softmax_strided": "(input x f32 [37 3])\n(let r (Softmax (Permute x [1 0]) 1))\n"
+    "(output r)",
+    "rows_layer_norm": "(input x f32 [6 70])\n(param w f32 [70])\n(param b f32 [70])\n"
+    "(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
+    "rows_softmax_f64": "(input x f64 [2 3 45])\n(let r (Softmax x 2))\n(output r)",
+    "rows_log_softmax": "(input x f32 [5 64])\n(let r (LogSoftmax x 1))\n(output r)",
+    # vector rows (4 lanes): a bias read per lane next to packed rows, rows of 3 steps
+    "rows_layer_norm_vector": "(input x f32 [3 2 136])\n(param w f32 [136])\n"
+    "(param b f32 [136])\n(let r (LayerNorm x w b [2] 1e-05))\n(output r)",
 }
 
 

@@ -143,7 +143,7 @@ class Block(torch.nn.Module):
         return torch.nn.functional.gelu(self.lin(h), approximate="tanh")
 
 
-def test_rmsnorm_pattern_gives_fewer_kernels_and_the_same_results(dev):
+def test_rmsnorm_pattern_gives_no_more_kernels_and_the_same_results(dev):
     torch.manual_seed(0)
     model = Block(64).eval()
     x = torch.randn(4, 16, 64)
@@ -161,7 +161,10 @@ def test_rmsnorm_pattern_gives_fewer_kernels_and_the_same_results(dev):
             torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
             kinds[tuple(rewrites)] = [k.kind for k in last_program().kernels]
     assert "custom" in kinds[("rmsnorm",)] and "custom" not in kinds[()]
-    assert len(kinds[("rmsnorm",)]) < len(kinds[()]), kinds
+    if "rows" in kinds[()]:  # GPU: the written-out form is one rows kernel too (fuse_rows)
+        assert len(kinds[("rmsnorm",)]) == len(kinds[()]), kinds
+    else:
+        assert len(kinds[("rmsnorm",)]) < len(kinds[()]), kinds
 
 
 def test_pattern_declines_when_a_value_inside_it_escapes():

@@ -1,0 +1,100 @@
+"""Rows kernels (``fuse_rows``): a loop and the last-axis reductions it reads per row become
+one kernel in GPU programs, and the pass declines where a reduction is needed elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.pipeline import compile_graph
+from saturn.eqsat.program import ROWS_MAX, _leaves
+
+
+def program(text: str, machine: str = "gpu"):
+    graph = parse_graph(text)
+    return graph, compile_graph(graph, machine=machine, io_on_device=True).program
+
+
+def kinds(prog) -> list[str]:
+    return [k.kind for k in prog.kernels]
+
+
+def check_values(graph, prog, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for n in graph.inputs():
+        x = rng.standard_normal(n.shape) * 4
+        # both zeros, infinities and NaN among the inputs
+        special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
+        x = np.where(rng.random(n.shape) < 0.05, rng.choice(special, size=n.shape), x)
+        inputs[n.name] = x.astype(ev.np_dtype(n.dtype))
+    want = ev.eval_graph(graph, inputs)
+    got = ev.eval_program(prog, inputs)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_softmax_is_one_rows_kernel_with_two_stages():
+    graph, prog = program("(input x f32 [6 40])\n(let r (Softmax x 1))\n(output r)\n")
+    assert kinds(prog) == ["rows"]
+    (k,) = prog.kernels
+    assert [st.reduce for st in k.stages] == ["max", "sum"]
+    assert ("stage", 0) in _leaves(k.stages[1].body)
+    assert {("stage", 0), ("stage", 1)} <= _leaves(k.body)
+    assert k.covers == ["r"]  # explain still finds the op
+    check_values(graph, prog)
+
+
+def test_layer_norm_keeps_its_variance_epilogue_as_a_stage():
+    graph, prog = program(
+        "(input x f32 [4 24])\n(param w f32 [24])\n(param b f32 [24])\n"
+        "(let r (LayerNorm x w b [1] 1e-05))\n(output r)\n"
+    )
+    assert kinds(prog) == ["rows"]
+    check_values(graph, prog)
+
+
+def test_cpu_reference_programs_keep_separate_reductions():
+    _, prog = program("(input x f32 [6 40])\n(let r (Softmax x 1))\n(output r)\n", "cpu-reference")
+    assert "rows" not in kinds(prog) and "reduce" in kinds(prog)
+
+
+def test_declines_when_the_reduction_is_an_output():
+    graph, prog = program(
+        "(input x f32 [6 40])\n(let m (Amax x [1] 1))\n(let r (Exp (Sub x m)))\n(output r m)\n"
+    )
+    assert kinds(prog) == ["reduce", "loop"]
+    check_values(graph, prog)
+
+
+def test_declines_when_another_kernel_reads_the_reduction():
+    # the row mean feeds two loops that both stay (two outputs): it must be written once
+    graph, prog = program(
+        "(input x f32 [6 40])\n(let m (Mean x [1] 1))\n(let a (Sub x m))\n"
+        "(let b (Mul (Exp x) m))\n(output a b)\n"
+    )
+    assert "rows" not in kinds(prog), prog.to_text()
+    check_values(graph, prog)
+
+
+def test_declines_on_a_reduction_over_another_axis():
+    graph, prog = program(
+        "(input x f32 [6 40])\n(let m (Amax x [0] 1))\n(let r (Exp (Sub x m)))\n(output r)\n"
+    )
+    assert "rows" not in kinds(prog)
+    check_values(graph, prog)
+
+
+def test_declines_on_rows_longer_than_a_warp_takes():
+    n = ROWS_MAX + 1
+    _, prog = program(f"(input x f32 [2 {n}])\n(let r (Softmax x 1))\n(output r)\n")
+    assert "rows" not in kinds(prog)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_log_softmax_rows_match_the_graph(dtype):
+    graph, prog = program(f"(input x {dtype} [3 5 33])\n(let r (LogSoftmax x 2))\n(output r)\n")
+    assert kinds(prog) == ["rows"]
+    check_values(graph, prog, seed=3)
