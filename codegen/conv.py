@@ -6,11 +6,19 @@ extent), the bias added in the same graph. cuDNN infers the output extents; the 
 refused when they differ from PyTorch's. float32 engines that use tensor cores (TF32) are
 deselected unless TF32 is allowed, so float32 convolutions compute in float32. ``run`` takes
 the pointers of each call and runs on saturn's stream through the plan's cuDNN handle.
+
+``SplitConvPlan`` is the ``tf32x3`` form (as for GEMMs, ``codegen/gemm.py``): the image and
+the weight are split into TF32 halves and the convolution is
+``conv(x_hi, w_hi) + (conv(x_lo, w_hc) + conv(x_hc, w_lo))``, three TF32 convolutions whose
+products of TF32 values are exact and accumulate in float32; the corrections are added by
+one small kernel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from .gemm import Layout
 
@@ -56,7 +64,11 @@ class ConvPlan:
         p: ConvParams,
         stream: int,
         tf32: bool = False,
+        tensor_cores: bool = False,
     ):
+        """``tf32`` lets cuDNN pick TF32 engines where they are fastest; ``tensor_cores``
+        keeps only TF32 tensor-core engines (the split plan's, whose operands are exact in
+        TF32)."""
         import cudnn
 
         types = {"f32": cudnn.data_type.FLOAT, "f64": cudnn.data_type.DOUBLE}
@@ -114,7 +126,9 @@ class ConvPlan:
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            if x.dtype == "f32" and not tf32:
+            if x.dtype == "f32" and tensor_cores:
+                g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+            elif x.dtype == "f32" and not tf32:
                 g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
             g.check_support()
             g.build_plans()
@@ -126,6 +140,7 @@ class ConvPlan:
         self.uids = tuple(tt.get_uid() for tt in tensors)
         self.workspace_size = int(g.get_workspace_size())
         self.tuned: tuple[float, int, int] | None = None  # (ms for 3 runs, plan index, workspace)
+        self.timings: dict[str, float] = {}  # ms per call, when tf32x3 was timed against it
 
     def autotune(self, ptrs: tuple[int, ...], workspace_for, candidates: int = 8) -> None:
         """Time the first ``candidates`` ranked plans on this call's own buffers (the output
@@ -174,6 +189,119 @@ class ConvPlan:
         self.graph.execute(
             tuple(_Ptr(p) for p in ptrs), _Ptr(workspace), handle=self.handle, tensor_uids=self.uids
         )
+
+
+# out += a + b, the corrections summed first (they are about 2^-11 of out)
+_ADD_SOURCE = r"""
+extern "C" __global__ void add_corrections(float* out, const float* a, const float* b,
+                                           long long n) {
+  long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+    out[i] = out[i] + (a[i] + b[i]);
+}
+"""
+_ADD_KERNEL = None
+
+
+def _add_kernel():
+    global _ADD_KERNEL
+    if _ADD_KERNEL is None:
+        import cupy
+
+        _ADD_KERNEL = cupy.RawKernel(_ADD_SOURCE, "add_corrections")
+    return _ADD_KERNEL
+
+
+class SplitConvPlan:
+    """A float32 convolution as three TF32 ones of split operands (``tf32x3``); the same
+    ``autotune``/``run`` interface as ``ConvPlan``. The output must be packed (the
+    corrections are summed element by element); ``alloc(nbytes)`` gives device memory the
+    plan keeps (the halves and the two corrections)."""
+
+    def __init__(self, x, w, bias, out, p: ConvParams, stream: int, alloc):
+        import math
+
+        from .gemm import _Split
+
+        if x.dtype != "f32" or w.dtype != "f32":
+            raise ConvError("tf32x3 convolutions are float32")
+        packed = tuple(
+            math.prod(out.shape[d + 1 :]) for d in range(len(out.shape))
+        )  # row-major strides
+        if tuple(out.strides) != packed:
+            raise ConvError("tf32x3 convolutions write a packed output")
+        self.stream = stream
+        self.sx, self.sw = _Split(x, alloc), _Split(w, alloc)
+        self.n = math.prod(out.shape)
+        self.corr_out = [alloc(self.n * 4) for _ in range(2)]
+        self.corr = ConvPlan(x, w, None, out, p, stream, tensor_cores=True)
+        self.main = (
+            ConvPlan(x, w, bias, out, p, stream, tensor_cores=True) if bias is not None else None
+        )
+        self.bias = bias is not None
+        self.workspace_size = max(self.corr.workspace_size, self._main().workspace_size)
+        self.tuned = None
+        self.timings: dict[str, float] = {}  # ms per call: tf32x3 and, when chosen, fp32
+        self._corr_arrays = [_flat_f32(b.data_ptr(), self.n) for b in self.corr_out]
+        self._out: tuple[int, object] | None = None  # the last output pointer and its array
+
+    def _main(self) -> ConvPlan:
+        return self.main if self.main is not None else self.corr
+
+    def _calls(self, ptrs: tuple[int, ...]) -> list[tuple[ConvPlan, tuple[int, ...]]]:
+        sx, sw = self.sx, self.sw
+        c0, c1 = (b.data_ptr() for b in self.corr_out)
+        rest = ptrs[2:]  # [bias,] out
+        return [
+            (self.corr, (sx.lo, sw.hc, c0)),
+            (self.corr, (sx.hc, sw.lo, c1)),
+            (self._main(), (sx.hi, sw.hi, *rest)),
+        ]
+
+    def autotune(self, ptrs: tuple[int, ...], workspace_for, candidates: int = 8) -> None:
+        self.sx.run(ptrs[0], self.stream)
+        self.sw.run(ptrs[1], self.stream)
+        calls = self._calls(ptrs)
+        self.corr.autotune(calls[0][1], workspace_for, candidates)
+        if self.main is not None:
+            self.main.autotune(calls[2][1], workspace_for, candidates)
+        self.workspace_size = max(self.corr.workspace_size, self._main().workspace_size)
+        self.tuned = self._main().tuned
+
+    def run(self, ptrs: tuple[int, ...], workspace: int) -> None:
+        """``ptrs``: x, w, [bias,] out."""
+        import cupy
+
+        self.sx.run(ptrs[0], self.stream)
+        self.sw.run(ptrs[1], self.stream)
+        for plan, p in self._calls(ptrs):
+            plan.run(p, workspace)
+        if self._out is None or self._out[0] != ptrs[-1]:
+            self._out = (ptrs[-1], _flat_f32(ptrs[-1], self.n))
+        blocks = min(max(1, (self.n + 255) // 256), 132 * 16)
+        with cupy.cuda.ExternalStream(self.stream):
+            _add_kernel()((blocks,), (256,), (self._out[1], *self._corr_arrays, np.int64(self.n)))
+
+
+def _flat_f32(ptr: int, n: int):
+    from .gemm import Layout, device_array
+
+    return device_array(ptr, Layout("f32", (n,), (1,)))
+
+
+def time_on_stream(run, stream: int, reps: int = 5) -> float:
+    """Milliseconds per call of ``run()`` on ``stream`` (CUDA events, after one warm call)."""
+    import cupy
+
+    s = cupy.cuda.ExternalStream(stream)
+    run()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(s)
+    for _ in range(reps):
+        run()
+    end.record(s)
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / reps
 
 
 class _Ptr:

@@ -118,20 +118,23 @@ class Params:
 
 
 def _operand_reads(
-    k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str
+    k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str, narrow: bool = False
 ) -> tuple[list[str], list[str]]:
-    """Statements reading every operand at the domain's flat index; the int params used."""
+    """Statements reading every operand at the domain's flat index; the int params used.
+    ``narrow``: strided offsets in 32-bit unsigned arithmetic, over the ``u``-prefixed
+    copies of the sizes and strides ``narrow_head`` makes."""
     lines, ints = [], []
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
     if strided:
-        lines.append(f"{ind}rem = {flat_index}")
+        u = "u" if narrow else ""
+        lines.append(f"{ind}rem = {f'np.uint32({flat_index})' if narrow else flat_index}")
         for i in strided:
-            lines.append(f"{ind}off{i} = 0")
+            lines.append(f"{ind}off{i} = {'np.uint32(0)' if narrow else '0'}")
         for d in reversed(range(rank)):
-            lines.append(f"{ind}c{d} = rem % {domain_names[d]}")
-            lines.append(f"{ind}rem = rem // {domain_names[d]}")
+            lines.append(f"{ind}c{d} = rem % {u}{domain_names[d]}")
+            lines.append(f"{ind}rem = rem // {u}{domain_names[d]}")
             for i in strided:
-                lines.append(f"{ind}off{i} += c{d} * st{i}_{d}")
+                lines.append(f"{ind}off{i} += c{d} * {u}st{i}_{d}")
                 ints.append(f"st{i}_{d}")
     for i, o in enumerate(k.inputs):
         if o.indexing == "same":
@@ -154,6 +157,15 @@ def _operand_reads(
         nz = " != 0" if o.dtype == "bool" else ""
         lines.append(f"{ind}in{i}_v = in{i}[{idx}]{nz}")
     return lines, sorted(set(ints), key=ints.index)
+
+
+def narrow_head(k: Kernel, domain_names: list[str]) -> list[str]:
+    """32-bit unsigned copies of the sizes and strides strided reads use (``narrow``)."""
+    lines = [f"    u{n} = np.uint32({n})" for n in domain_names]
+    for i, o in enumerate(k.inputs):
+        if o.indexing == "strided":
+            lines += [f"    ust{i}_{d} = np.uint32(st{i}_{d})" for d in range(len(domain_names))]
+    return lines
 
 
 def _group(k: Kernel, i: int) -> int:
@@ -232,15 +244,18 @@ def _vector_reads(
     return lines
 
 
-def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
+def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tuple[str, Params]:
     """A grid-stride loop. With ``lanes`` > 1 each thread takes ``lanes`` adjacent elements
     per step: packed operands and the output move as one vector access (the launcher checks
-    their alignment), broadcast operands are read per element; a scalar loop does the tail."""
+    their alignment), broadcast operands are read per element; a scalar loop does the tail.
+    ``narrow``: strided operands' offsets in 32-bit arithmetic (the launcher checks they fit;
+    a 64-bit division costs several 32-bit ones)."""
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     ind = "        "
     uses_shape = any(o.indexing == "strided" for o in k.inputs)
-    reads, ints = _operand_reads(k, "i", rank, dnames, ind)
+    narrow = narrow and uses_shape
+    reads, ints = _operand_reads(k, "i", rank, dnames, ind, narrow)
     params = Params(
         ["out", *[f"in{i}" for i in range(len(k.inputs))]],
         ["n", *(dnames if uses_shape else []), *ints],
@@ -249,6 +264,7 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         f"def {fn}({params.signature()}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
+        *(narrow_head(k, dnames) if narrow else []),
     ]
     if lanes > 1:
         lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
@@ -480,19 +496,26 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     return "\n".join(lines), params
 
 
-def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
-    """A strided copy into a packed output, by element width (bytes) and rank."""
+def copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:
+    """A strided copy into a packed output, by element width (bytes) and rank. ``narrow``:
+    the index arithmetic in 32-bit unsigned integers (the launcher checks every index fits),
+    whose divisions cost a fraction of 64-bit ones."""
     dnames = [f"s{d}" for d in range(rank)]
+    u = _narrowing(rank, narrow)
     lines = [
         f"def {fn}(out, src, n, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
+        *u.head,
         "    while i < n:",
-        "        rem = i",
-        "        off = 0",
+        f"        rem = {u.cast('i')}",
+        f"        off = {u.cast('0')}",
     ]
     for d in reversed(range(rank)):
-        lines += [f"        off += (rem % s{d}) * st{d}", f"        rem = rem // s{d}"]
+        lines += [
+            f"        off += (rem % {u.s(d)}) * {u.st(d)}",
+            f"        rem = rem // {u.s(d)}",
+        ]
     if width == 16:
         lines += ["        out[2 * i] = src[2 * off]", "        out[2 * i + 1] = src[2 * off + 1]"]
     else:
@@ -503,29 +526,68 @@ def copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
     )
 
 
+@dataclass
+class _Narrowing:
+    """Names of the sizes and strides a copy's index arithmetic uses: the int64 parameters,
+    or 32-bit unsigned copies of them made once per thread."""
+
+    narrow: bool
+    head: list[str]
+
+    def cast(self, v: str) -> str:
+        return f"np.uint32({v})" if self.narrow else v
+
+    def s(self, d: int) -> str:
+        return f"us{d}" if self.narrow else f"s{d}"
+
+    def st(self, d: int) -> str:
+        return f"ust{d}" if self.narrow else f"st{d}"
+
+
+def _narrowing(rank: int, narrow: bool) -> _Narrowing:
+    head = []
+    if narrow:
+        for d in range(rank):
+            head += [f"    us{d} = np.uint32(s{d})", f"    ust{d} = np.uint32(st{d})"]
+    return _Narrowing(narrow, head)
+
+
+INDEX32 = 2**31  # narrow index arithmetic when every index stays below this
+
+
+def fits_narrow(n: int, shape, strides) -> bool:
+    """Whether a copy of ``n`` elements from a source of this layout indexes below 2^31."""
+    span = sum((s - 1) * abs(st) for s, st in zip(shape, strides, strict=True)) + 1
+    return n < INDEX32 and span < INDEX32 and all(0 <= st < INDEX32 for st in strides)
+
+
 COPY_TYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "uint64"}
 ROW_LANES = {4: 4, 8: 2}  # element width -> elements per 16-byte access in row copies
 
 
-def row_copy_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
+def row_copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:
     """A copy whose source rows (the last axis) are contiguous, as a head permute
     ([B, L, H, D] -> [B, H, L, D]) is: 16-byte loads and stores, and the row's offset worked
     out once per vector instead of per element. The launcher checks that rows split into
-    whole aligned vectors (last extent, every other stride and both pointers)."""
+    whole aligned vectors (last extent, every other stride and both pointers). ``narrow``
+    as for ``copy_source``."""
     lanes = ROW_LANES[width]
     dnames = [f"s{d}" for d in range(rank)]
     vals = ", ".join(f"v{u}" for u in range(lanes))
+    u = _narrowing(rank, narrow)
     lines = [
         f"def {fn}(out, src, nv, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
-        f"    vr = s{rank - 1} // {lanes}",
+        *u.head,
+        f"    vr = {u.cast(f's{rank - 1} // {lanes}')}",
         "    while i < nv:",
-        "        rem = i // vr",
-        f"        off = (i - rem * vr) * {lanes}",
+        f"        k = {u.cast('i')}",
+        "        rem = k // vr",
+        f"        off = (k - rem * vr) * {u.cast(str(lanes))}",
     ]
     for d in reversed(range(rank - 1)):
-        lines += [f"        off += (rem % s{d}) * st{d}", f"        rem = rem // s{d}"]
+        lines += [f"        off += (rem % {u.s(d)}) * {u.st(d)}", f"        rem = rem // {u.s(d)}"]
     lines += [
         f"        {vals} = vload{lanes}(src, off)",
         f"        vstore{lanes}(out, i * {lanes}, {vals})",
@@ -620,15 +682,17 @@ class Generated:
         return any(ptrs[p] % a for p, a in self.aligned)
 
 
-def generate(k: Kernel, lanes: int | None = None) -> Generated:
+def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Generated:
     """The kernel for ``k``; loops use ``lanes``-wide vector accesses (default: as wide as
-    the operands allow), reductions ignore it."""
+    the operands allow), reductions ignore it; ``narrow`` loops index strided operands in
+    32-bit arithmetic."""
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     digest = hashlib.sha256(
         repr(
             (
                 lanes,
+                narrow,
                 k.kind,
                 k.body,
                 k.epilogue,
@@ -645,7 +709,7 @@ def generate(k: Kernel, lanes: int | None = None) -> Generated:
     if bad:
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
     if k.kind == "loop":
-        body, params = loop_source(k, fn, lanes)
+        body, params = loop_source(k, fn, lanes, narrow)
         style = "loop"
     elif k.kind == "reduce":
         body, params, style = reduce_source(k, fn)
@@ -696,24 +760,24 @@ def tiled_grid(shape, a: int) -> int:
     return math.ceil(shape[a] / 32) * math.ceil(shape[b] / 32) * rest
 
 
-def generate_row_copy(width: int, rank: int) -> Generated:
-    fn = f"copy_rows_w{width}_r{rank}"
-    body, params = row_copy_source(width, rank, fn)
+def generate_row_copy(width: int, rank: int, narrow: bool = False) -> Generated:
+    fn = f"copy_rows_w{width}_r{rank}{'_n' if narrow else ''}"
+    body, params = row_copy_source(width, rank, fn, narrow)
     src = (
-        "# generated by saturn.codegen.cuda\nimport numba\nfrom numba import cuda\n"
+        "# generated by saturn.codegen.cuda\nimport numba\nimport numpy as np\n"
+        "from numba import cuda\n"
         "from saturn.codegen.vector import vload2, vload4, vstore2, vstore4\n\n\n" + body + "\n"
     )
     t = COPY_TYPES[width]
     return Generated(fn, src, params, [t, t], "copy", ROW_LANES[width])
 
 
-def generate_copy(width: int, rank: int) -> Generated:
-    fn = f"copy_w{width}_r{rank}"
-    body, params = copy_source(width, rank, fn)
+def generate_copy(width: int, rank: int, narrow: bool = False) -> Generated:
+    fn = f"copy_w{width}_r{rank}{'_n' if narrow else ''}"
+    body, params = copy_source(width, rank, fn, narrow)
     src = (
-        "# generated by saturn.codegen.cuda\nimport numba\nfrom numba import cuda\n\n\n"
-        + body
-        + "\n"
+        "# generated by saturn.codegen.cuda\nimport numba\nimport numpy as np\n"
+        "from numba import cuda\n\n\n" + body + "\n"
     )
     t = COPY_TYPES[width]
     return Generated(fn, src, params, [t, t], "copy")
@@ -879,8 +943,9 @@ def core_stream(handle: int):
 class CudaKernel:
     """A compiled kernel ready to launch on saturn's stream with pointers and sizes.
 
-    Loops come in two variants: vector accesses (used when every packed pointer is aligned
-    for them, which saturn's allocator gives whole tensors) and scalar (offset views).
+    Loops come in variants: vector accesses (used when every packed pointer is aligned
+    for them, which saturn's allocator gives whole tensors), scalar (offset views), and for
+    strided operands 32-bit index arithmetic when every index fits.
     The launch geometry and size arguments are worked out once per operand layout and
     variant and reused; a launch checks the operands' shapes and raises on a mismatch."""
 
@@ -889,15 +954,30 @@ class CudaKernel:
         self.g = generate(k)
         self.kernel = load(self.g, cc)
         self._scalar: tuple | None = None
+        self._narrow: tuple | None = None
+        self._strided = k.kind == "loop" and any(o.indexing == "strided" for o in k.inputs)
         self._plans: dict[tuple, tuple] = {}
 
-    def variant(self, ptrs: list[int]) -> tuple[Generated, object]:
+    def variant(self, ptrs: list[int], shapes=None, strides=None) -> tuple[Generated, object]:
+        if self._strided and shapes is not None and self._fits_narrow(shapes, strides):
+            if self._narrow is None:
+                g = generate(self.k, lanes=1, narrow=True)
+                self._narrow = (g, load(g, self.cc))
+            return self._narrow
         if self.g.lanes == 1 or not self.g.misaligned(ptrs):
             return self.g, self.kernel
         if self._scalar is None:
             g = generate(self.k, lanes=1)
             self._scalar = (g, load(g, self.cc))
         return self._scalar
+
+    def _fits_narrow(self, shapes, strides) -> bool:
+        n = math.prod(self.k.domain)
+        return all(
+            fits_narrow(n, shp, st)
+            for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
+            if o.indexing == "strided"
+        )
 
     def plan(
         self,
@@ -906,7 +986,7 @@ class CudaKernel:
         g: Generated | None = None,
     ) -> tuple:
         g = g or self.g
-        key = (g.lanes, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        key = (g.name, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
         p = self._plans.get(key)
         if p is None:
             from cuda.core import LaunchConfig
@@ -931,21 +1011,29 @@ class CudaKernel:
         from cuda.core import launch
 
         ptrs = [out_ptr, *in_ptrs]
-        g, kernel = self.variant(ptrs)
+        g, kernel = self.variant(ptrs, shapes, strides)
         config, ints = self.plan(shapes, strides, g)
         launch(core_stream(stream), config, kernel, *[np.uint64(p) for p in ptrs], *ints)
 
 
 class CopyKernel:
     """Strided copies into packed outputs for one element width and rank: a tiled transpose
-    when the source's fastest axis is not the output's last, a flat gather otherwise."""
+    when the source's fastest axis is not the output's last, a row copy when the source's
+    rows are contiguous, a flat gather otherwise; the last two with 32-bit index arithmetic
+    when every index fits."""
 
     def __init__(self, width: int, rank: int, cc: tuple[int, int]):
         self.width, self.rank, self.cc = width, rank, cc
         self.g = generate_copy(width, rank)
-        self.kernel = load(self.g, cc)
         self._tiled: dict[int, object] = {}
-        self._rows = None  # the row copy, loaded at its first use
+        self._kernels: dict[tuple[str, bool], object] = {}  # (flat|rows, narrow), loaded once
+
+    def _kernel(self, kind: str, narrow: bool):
+        k = self._kernels.get((kind, narrow))
+        if k is None:
+            gen = generate_row_copy if kind == "rows" else generate_copy
+            k = self._kernels[(kind, narrow)] = load(gen(self.width, self.rank, narrow), self.cc)
+        return k
 
     def launch(self, stream: int, out_ptr: int, src_ptr: int, shape, strides) -> None:
         from cuda.core import LaunchConfig, launch
@@ -973,11 +1061,11 @@ class CopyKernel:
                 *sts,
             )
             return
-        kernel, count = self.kernel, n
+        narrow = fits_narrow(n, shape, strides)
+        kernel, count = self._kernel("flat", narrow), n
         if row_copy_fits(self.width, shape, strides, (out_ptr, src_ptr)):
-            if self._rows is None:
-                self._rows = load(generate_row_copy(self.width, self.rank), self.cc)
-            kernel, count = self._rows, n // ROW_LANES[self.width]  # vectors, not elements
+            kernel = self._kernel("rows", narrow)
+            count = n // ROW_LANES[self.width]  # vectors, not elements
         blocks, threads = grid_for(self.g, {"n": count})
         launch(
             core_stream(stream),

@@ -27,7 +27,7 @@ import threading
 import torch
 
 from saturn.codegen import cuda as cg
-from saturn.codegen.conv import ConvParams, ConvPlan
+from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan, time_on_stream
 from saturn.codegen.gemm import GemmPlan, Layout
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
@@ -228,23 +228,47 @@ class GpuRunner:
             return
         # conv
         if have is None or have[0] != key:
-            a = k.attrs
-            plan = ConvPlan(
-                key[0],
-                key[1],
-                key[2] if a["bias"] else None,
-                layout(out),
-                ConvParams(
-                    tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
-                ),
-                self.stream,
-                self.precision == "tf32",  # convolutions: TF32 only when asked for plainly
-            )
-            plan.autotune((*ptrs, out.data_ptr()), self._workspace)
-            self._scratch = None
-            self.workspaces[s.output] = self._workspace(plan.workspace_size, keep=False)
-            have = self.plans[s.output] = (key, plan)
+            have = self.plans[s.output] = (key, self._conv_plan(k, key, (*ptrs, out.data_ptr())))
         have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+
+    def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
+        """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split
+        plan is timed against the float32 one and kept only where faster (as for GEMMs)."""
+        a = k.attrs
+        x, w, bias = key[0], key[1], key[2] if a["bias"] else None
+        out_lay = layout(self.buffers[k.output])
+        params = ConvParams(
+            tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
+        )
+        plan = ConvPlan(x, w, bias, out_lay, params, self.stream, self.precision == "tf32")
+        plan.autotune(ptrs, self._workspace)
+        self._scratch = None
+        ws = self._workspace(plan.workspace_size, keep=False)
+        if self.precision == "tf32x3" and x.dtype == "f32":
+            try:
+                split = SplitConvPlan(
+                    x, w, bias, out_lay, params, self.stream, lambda n: self._workspace(n, False)
+                )
+            except ConvError as e:
+                log.info("saturn: convolution %s stays float32: %s", k.output, e)
+                split = None
+            if split is not None:
+                split.autotune(ptrs, self._workspace)
+                self._scratch = None
+                sws = self._workspace(split.workspace_size, keep=False)
+                split.timings = {
+                    "tf32x3": time_on_stream(lambda: split.run(ptrs, sws.data_ptr()), self.stream)
+                }
+                if self.choose_precision:
+                    split.timings["fp32"] = time_on_stream(
+                        lambda: plan.run(ptrs, ws.data_ptr()), self.stream
+                    )
+                if not self.choose_precision or split.timings["tf32x3"] < split.timings["fp32"]:
+                    plan, ws = split, sws
+                else:
+                    plan.timings = split.timings
+        self.workspaces[k.output] = ws
+        return plan
 
     # --- a call ------------------------------------------------------------------------------
 

@@ -20,11 +20,11 @@ class Options:
     seconds: float = Bounds.seconds
     replay: bool = True  # CUDA-graph replay of static graphs on a GPU
     tf32: bool = False  # float32 GEMMs and convolutions may round inputs to TF32
-    tf32x3: bool = False  # float32 GEMMs as three TF32 products of split operands
+    tf32x3: bool = False  # float32 GEMMs and convolutions as three TF32 ones of split operands
 
     @property
     def precision(self) -> str:
-        """How float32 GEMMs compute: fp32, tf32 or tf32x3 (see saturn.codegen.gemm)."""
+        """How float32 GEMMs and convolutions compute: fp32, tf32 or tf32x3."""
         return "tf32" if self.tf32 else "tf32x3" if self.tf32x3 else "fp32"
 
     extra: dict = field(default_factory=dict, compare=False)

@@ -82,7 +82,7 @@ class Recipe:
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
     stream: int = 0  # the device's stream (GPU targets)
     replay: bool = True  # CUDA-graph replay on GPU targets (see gpu_runner)
-    precision: str = "fp32"  # float32 GEMMs: fp32, tf32 or tf32x3 (convolutions: TF32 if tf32)
+    precision: str = "fp32"  # float32 GEMMs and convolutions: fp32, tf32 or tf32x3
     runner: object = None  # GpuRunner on GPU targets
     last: CallStats = field(default_factory=CallStats)
     _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)

@@ -23,7 +23,7 @@ def test_kernels_under_the_cuda_simulator():
         [sys.executable, str(runner)], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") >= 46, proc.stdout  # copies, graphs, both loop variants
+    assert proc.stdout.count("ok ") >= 51, proc.stdout  # copies, graphs, both loop variants
 
 
 def kernels_of(text: str):
@@ -72,3 +72,17 @@ def test_nonadjacent_reduction_is_refused():
     (k,) = kernels_of("(input x f32 [3 4 5])\n(let r (Sum x [0 2] 0))\n(output r)\n")
     with pytest.raises(cg.KernelError, match="non-adjacent"):
         cg.generate(k)
+
+
+def test_narrow_variant_divides_in_32_bits():
+    """Strided reads' index arithmetic: 64-bit signed divisions per element in the wide
+    variant, 32-bit unsigned ones in the narrow variant (launched when indices fit)."""
+    (k,) = kernels_of(
+        "(input x f32 [6 5 4 3])\n"
+        "(let r (Mul (Permute x [0 2 1 3]) (Scalar 0.5 f32)))\n(output r)\n"
+    )
+    wide, narrow = (cg.ptx(cg.generate(k, narrow=n), (9, 0)) for n in (False, True))
+    assert re.search(r"\b(div|rem)\.s64\b", wide)  # the check below can fail
+    assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\brem\.u32\b", narrow)
+    assert not cg.fits_narrow(2**31, (2**31,), (1,))
+    assert not cg.fits_narrow(8, (2, 4), (2**31, 1)) and cg.fits_narrow(8, (2, 4), (4, 1))

@@ -97,6 +97,26 @@ def test_fused_loop(dtype, n):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # softmax rows of 512 (4-lane vectors) and of 33 (scalar), float64 (2 lanes)
+        "(input x f32 [64 8 512])\n(let r (Softmax x 2))\n(output r)",
+        "(input x f32 [300 33])\n(let r (Softmax x 1))\n(output r)",
+        "(input x f64 [40 96])\n(let r (LogSoftmax x 1))\n(output r)",
+        # layer norm with a bias read per lane, rows of 1024 (long rows: several steps)
+        "(input x f32 [96 1024])\n(param w f32 [1024])\n(param b f32 [1024])\n"
+        "(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
+        # a permuted (strided) input: scalar reads through strides
+        "(input x f32 [130 70])\n(let r (Softmax (Permute x [1 0]) 1))\n(output r)",
+    ],
+)
+def test_rows_kernels(text):
+    want, got, launched = run_on_gpu(text + "\n")
+    assert launched == 1  # the reductions and the loop in one kernel
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("offset", [0, 1, 2])
 def test_vector_variant_only_for_aligned_operands(offset):
     """Whole tensors take 16-byte accesses; a view one element in falls back to the scalar

@@ -179,6 +179,38 @@ def test_tf32x3_is_kept_only_where_timed_faster():
     assert plan.precision == faster and len(plan.mms) == (3 if faster == "tf32x3" else 1)
 
 
+def test_tf32x3_convolutions_are_as_accurate_as_float32(always_split):
+    """Convolutions under tf32x3: three TF32 tensor-core cuDNN convolutions of split operands
+    plus the corrections' sum, float32-level error against float64, with and without a
+    bias, replayed."""
+    from saturn.codegen.conv import SplitConvPlan
+
+    torch.manual_seed(5)
+    x, w, b = torch.randn(4, 32, 20, 20), torch.randn(48, 32, 3, 3), torch.randn(48)
+    for bias in (None, b):
+        b64 = None if bias is None else bias.double()
+        want = torch.nn.functional.conv2d(x.double(), w.double(), b64, padding=1)
+        errs = {}
+        for opts in ({}, {"tf32x3": True}):
+            torch._dynamo.reset()
+            compiles = backend.CACHE.compiles
+            fn = torch.compile(
+                lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
+                backend="saturn",
+                options=opts,
+                dynamic=False,
+            )
+            bb = None if bias is None else bias.to(GPU)
+            for _ in range(3):  # the third call replays the captured graph
+                got = fn(x.to(GPU), w.to(GPU), bb).cpu().double()
+            errs[tuple(opts)] = (got - want).abs().max().item()
+            if opts == {"tf32x3": True}:
+                (recipe,) = recipes_of(compiles)
+                ((_, plan),) = recipe.runner.plans.values()
+                assert isinstance(plan, SplitConvPlan) and recipe.runner.replays >= 1
+        assert errs[("tf32x3",)] < 4 * errs[()] < 1e-3, errs
+
+
 def test_tf32x3_keeps_infinities_and_nan_as_float32_does(always_split):
     a = torch.randn(64, 64)
     b = torch.randn(64, 64).abs() + 0.1  # positive: a row of inf gives inf, not inf - inf
