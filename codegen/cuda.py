@@ -447,20 +447,32 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             results.append(res)
         return lines, results
 
+    block = rows_style(k) == "rows-block"
+    width = THREADS if block else 32  # threads sharing a row
+    first = "tid" if block else "lane"
+
     def step_head() -> list[str]:
         return [
-            f"        r = lane * {lanes}",
+            f"        r = {first} * {lanes}",
             "        while r < red:",
             "            j = row * red + r",
         ]
 
     stage_vars: list[tuple[str, str]] = []
-    lines = [
-        f"def {fn}({params.signature()}):",
-        "    lane = cuda.threadIdx.x % 32",
-        f"    row = cuda.blockIdx.x * {ROWS_PER_BLOCK} + cuda.threadIdx.x // 32",
-        "    if row < outer:",  # a whole warp shares its row: the shuffles see all 32 lanes
-    ]
+    if block:  # a block per row (long rows)
+        lines = [
+            f"def {fn}({params.signature()}):",
+            "    tid = cuda.threadIdx.x",
+            "    row = cuda.blockIdx.x",
+            "    if row < outer:",
+        ]
+    else:  # a warp per row, several rows per block
+        lines = [
+            f"def {fn}({params.signature()}):",
+            "    lane = cuda.threadIdx.x % 32",
+            f"    row = cuda.blockIdx.x * {ROWS_PER_BLOCK} + cuda.threadIdx.x // 32",
+            "    if row < outer:",  # a whole warp shares its row: the shuffles see all 32 lanes
+        ]
     for j, st in enumerate(k.stages):
         acc, acc_t = f"acc{j}", st.acc_dtype
         body_lines, results = bodies(st.body, f"s{j}")
@@ -468,15 +480,35 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         lines += reads(st.body) + body_lines
         for res in results:
             lines.append(f"{ind}{acc} = {_combine(st.reduce, acc, f'{NUMBA_TYPE[acc_t]}({res})')}")
+        shfl = _combine(st.reduce, acc, f"cuda.shfl_down_sync(0xFFFFFFFF, {acc}, off)")
         lines += [
-            f"{ind}r += {32 * lanes}",
+            f"{ind}r += {width * lanes}",
             "        off = 16",
             "        while off > 0:",
-            f"            {acc} = "
-            + _combine(st.reduce, acc, f"cuda.shfl_down_sync(0xFFFFFFFF, {acc}, off)"),
+            f"            {acc} = {shfl}",
             "            off //= 2",
-            f"        {acc} = cuda.shfl_sync(0xFFFFFFFF, {acc}, 0)",
         ]
+        if block:  # the warps' partial results through shared memory, then to every thread
+            parts, scalar = THREADS // 32, NUMBA_SCALAR[acc_t]
+            ident = _identity(st.reduce, acc_t)
+            lines += [
+                f"        part{j} = cuda.shared.array({parts + 1}, dtype=numba.{scalar})",
+                "        if tid % 32 == 0:",
+                f"            part{j}[tid // 32] = {acc}",
+                "        cuda.syncthreads()",
+                "        if tid < 32:",
+                f"            {acc} = part{j}[tid] if tid < {parts} else {ident}",
+                "            off = 16",
+                "            while off > 0:",
+                f"                {acc} = {shfl}",
+                "                off //= 2",
+                "            if tid == 0:",
+                f"                part{j}[{parts}] = {acc}",
+                "        cuda.syncthreads()",
+                f"        {acc} = part{j}[{parts}]",
+            ]
+        else:
+            lines.append(f"        {acc} = cuda.shfl_sync(0xFFFFFFFF, {acc}, 0)")
         value = f"{acc} / {NUMBA_TYPE[acc_t]}(red)" if st.reduce == "mean" else acc
         if st.epilogue is not None:
             lines.append(f"        red{j} = {NUMBA_TYPE[acc_t]}({value})")
@@ -492,8 +524,15 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         lines.append(f"{ind}vstore{lanes}(out, j, {', '.join(f'{t}({v})' for v in results)})")
     else:
         lines.append(ind + _store(k, "j", results[0]))
-    lines.append(f"{ind}r += {32 * lanes}")
+    lines.append(f"{ind}r += {width * lanes}")
     return "\n".join(lines), params
+
+
+def rows_style(k: Kernel) -> str:
+    """A warp per row for short rows, a block per row from ``ROW_WARP_LIMIT`` on (as for
+    row reductions): long rows then take fewer steps per pass and few rows still fill the
+    device."""
+    return "rows-block" if k.domain and k.domain[-1] >= ROW_WARP_LIMIT else "rows"
 
 
 def copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:
@@ -716,7 +755,7 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
         lanes = 1
     elif k.kind == "rows":
         body, params = rows_source(k, fn, lanes)
-        style = "rows"
+        style = rows_style(k)
     else:
         raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
     src = (
@@ -796,6 +835,8 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
         return max(1, math.ceil(sizes["outer"] / 8)), THREADS
     if g.style == "rows":
         return max(1, math.ceil(sizes["outer"] / ROWS_PER_BLOCK)), THREADS
+    if g.style == "rows-block":
+        return max(1, sizes["outer"]), THREADS
     if g.style == "row-block":
         return max(1, sizes["outer"]), THREADS
     return max(1, math.ceil(sizes["outer"] * sizes["inner"] / 32)), THREADS

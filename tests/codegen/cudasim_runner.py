@@ -106,6 +106,10 @@ GRAPHS = {
     "rows_softmax_f64": "(input x f64 [2 3 45])\n(let r (Softmax x 2))\n(output r)",
     "rows_log_softmax": "(input x f32 [5 64])\n(let r (LogSoftmax x 1))\n(output r)",
     # vector rows (4 lanes): a bias read per lane next to packed rows, rows of 3 steps
+    # a block per row (rows of 1024 and more): partial results through shared memory
+    "rows_block_softmax": "(input x f32 [3 1100])\n(let r (Softmax x 1))\n(output r)",
+    "rows_block_layer_norm_f64": "(input x f64 [2 1030])\n(param w f64 [1030])\n"
+    "(param b f64 [1030])\n(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
     "rows_layer_norm_vector": "(input x f32 [3 2 136])\n(param w f32 [136])\n"
     "(param b f32 [136])\n(let r (LayerNorm x w b [2] 1e-05))\n(output r)",
 }

@@ -107,6 +107,8 @@ def test_fused_loop(dtype, n):
         # layer norm with a bias read per lane, rows of 1024 (long rows: several steps)
         "(input x f32 [96 1024])\n(param w f32 [1024])\n(param b f32 [1024])\n"
         "(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
+        # few long rows: a block per row
+        "(input x f32 [8 4096])\n(let r (Softmax x 1))\n(output r)",
         # a permuted (strided) input: scalar reads through strides
         "(input x f32 [130 70])\n(let r (Softmax (Permute x [1 0]) 1))\n(output r)",
     ],
