@@ -447,8 +447,8 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             results.append(res)
         return lines, results
 
-    block = rows_style(k) == "rows-block"
-    width = THREADS if block else 32  # threads sharing a row
+    width = rows_threads(k, lanes)  # threads sharing a row
+    block = width > 32
     first = "tid" if block else "lane"
 
     def step_head() -> list[str]:
@@ -489,7 +489,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             "            off //= 2",
         ]
         if block:  # the warps' partial results through shared memory, then to every thread
-            parts, scalar = THREADS // 32, NUMBA_SCALAR[acc_t]
+            parts, scalar = width // 32, NUMBA_SCALAR[acc_t]
             ident = _identity(st.reduce, acc_t)
             lines += [
                 f"        part{j} = cuda.shared.array({parts + 1}, dtype=numba.{scalar})",
@@ -531,15 +531,22 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
 ROWS_WARP_MIN = 4096  # rows kernels with at least this many rows keep a warp per row
 
 
-def rows_style(k: Kernel) -> str:
-    """A warp per row, or a block per row for long rows (from ``ROW_WARP_LIMIT``) when they
-    are few: then a warp per row would leave the device idle and take many steps per pass.
-    Many long rows stay with warps (measured faster: the large encoder's 16,384 rows of
-    1,024 take 144 us by warps, 150 us by blocks, H200)."""
-    if not k.domain or k.domain[-1] < ROW_WARP_LIMIT:
-        return "rows"
-    rows = math.prod(k.domain[:-1])
-    return "rows" if rows >= ROWS_WARP_MIN else "rows-block"
+def rows_threads(k: Kernel, lanes: int) -> int:
+    """Threads sharing a row in a rows kernel: a warp, or a block (up to ``THREADS``, as many
+    warps as one step over the row needs) when the rows are few and a warp would step
+    through a row several times per pass: few warps then leave the device waiting on
+    memory. Many rows stay with warps (measured faster: the large encoder's 16,384 rows of
+    1,024 take 144 us by warps, 150 us by blocks of 256, H200)."""
+    if not k.domain:
+        return 32
+    per_row = math.ceil(k.domain[-1] / lanes)
+    if math.prod(k.domain[:-1]) >= ROWS_WARP_MIN or per_row <= 32:
+        return 32
+    return min(THREADS, 32 * math.ceil(per_row / 32))
+
+
+def rows_style(k: Kernel, lanes: int) -> str:
+    return "rows" if rows_threads(k, lanes) == 32 else "rows-block"
 
 
 def copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:
@@ -720,6 +727,7 @@ class Generated:
     pointer_types: list[str]  # numba scalar type of each pointer parameter
     style: str = "loop"
     lanes: int = 1  # elements per vector access (loops)
+    threads: int = THREADS  # per block
     # (pointer parameter, bytes): the alignment each vector-accessed pointer needs
     aligned: tuple[tuple[int, int], ...] = ()
 
@@ -762,7 +770,7 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
         lanes = 1
     elif k.kind == "rows":
         body, params = rows_source(k, fn, lanes)
-        style = rows_style(k)
+        style = rows_style(k, lanes)
     else:
         raise KernelError(f"the CUDA emitter builds loops and reductions, not {k.kind}")
     src = (
@@ -780,12 +788,13 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     )
     ptr = {**NUMBA_SCALAR, "bool": "uint8"}  # bools are bytes in memory
     ptypes = [ptr[k.dtype], *(ptr[o.dtype] for o in k.inputs)]
+    threads = rows_threads(k, lanes) if style == "rows-block" else THREADS
     if lanes == 1:
-        return Generated(fn, src, params, ptypes, style)
+        return Generated(fn, src, params, ptypes, style, threads=threads)
     dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
     packed = (0, *(1 + i for i, o in enumerate(k.inputs) if o.indexing == "same"))
     aligned = tuple((p, lanes * MEMORY_SIZE[dtypes[p]]) for p in packed)
-    return Generated(fn, src, params, ptypes, style, lanes, aligned)
+    return Generated(fn, src, params, ptypes, style, lanes, threads=threads, aligned=aligned)
 
 
 def generate_tiled_copy(width: int, rank: int, a: int) -> Generated:
@@ -843,7 +852,7 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
     if g.style == "rows":
         return max(1, math.ceil(sizes["outer"] / ROWS_PER_BLOCK)), THREADS
     if g.style == "rows-block":
-        return max(1, sizes["outer"]), THREADS
+        return max(1, sizes["outer"]), g.threads
     if g.style == "row-block":
         return max(1, sizes["outer"]), THREADS
     return max(1, math.ceil(sizes["outer"] * sizes["inner"] / 32)), THREADS
