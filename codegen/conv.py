@@ -200,16 +200,12 @@ extern "C" __global__ void add_corrections(float* out, const float* a, const flo
     out[i] = out[i] + (a[i] + b[i]);
 }
 """
-_ADD_KERNEL = None
 
 
 def _add_kernel():
-    global _ADD_KERNEL
-    if _ADD_KERNEL is None:
-        import cupy
+    from .gemm import raw_kernel
 
-        _ADD_KERNEL = cupy.RawKernel(_ADD_SOURCE, "add_corrections")
-    return _ADD_KERNEL
+    return raw_kernel(_ADD_SOURCE, "add_corrections")
 
 
 class SplitConvPlan:

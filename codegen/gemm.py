@@ -25,6 +25,7 @@ The dropped ``a_lo @ b_lo`` and the rounding of ``lo`` are each about 2^-22 of a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,16 +93,18 @@ extern "C" __global__ void split_tf32(const float* x, float* hi, float* lo, floa
   }
 }
 """
-_SPLIT_KERNEL = None
+
+
+@functools.cache
+def raw_kernel(source: str, name: str):
+    """A CuPy kernel compiled from CUDA C source, once per process."""
+    import cupy
+
+    return cupy.RawKernel(source, name)
 
 
 def _split_kernel():
-    global _SPLIT_KERNEL
-    if _SPLIT_KERNEL is None:
-        import cupy
-
-        _SPLIT_KERNEL = cupy.RawKernel(_SPLIT_SOURCE, "split_tf32")
-    return _SPLIT_KERNEL
+    return raw_kernel(_SPLIT_SOURCE, "split_tf32")
 
 
 def span(lay: Layout) -> int:
