@@ -236,7 +236,6 @@ class SplitConvPlan:
         )
         self.bias = bias is not None
         self.workspace_size = max(self.corr.workspace_size, self._main().workspace_size)
-        self.tuned = None
         self.timings: dict[str, float] = {}  # ms per call: tf32x3 and, when chosen, fp32
         self._corr_arrays = [_flat_f32(b.data_ptr(), self.n) for b in self.corr_out]
         self._out: tuple[int, object] | None = None  # the last output pointer and its array
@@ -262,7 +261,6 @@ class SplitConvPlan:
         if self.main is not None:
             self.main.autotune(calls[2][1], workspace_for, candidates)
         self.workspace_size = max(self.corr.workspace_size, self._main().workspace_size)
-        self.tuned = self._main().tuned
 
     def run(self, ptrs: tuple[int, ...], workspace: int) -> None:
         """``ptrs``: x, w, [bias,] out."""
@@ -283,21 +281,6 @@ def _flat_f32(ptr: int, n: int):
     from .gemm import Layout, device_array
 
     return device_array(ptr, Layout("f32", (n,), (1,)))
-
-
-def time_on_stream(run, stream: int, reps: int = 5) -> float:
-    """Milliseconds per call of ``run()`` on ``stream`` (CUDA events, after one warm call)."""
-    import cupy
-
-    s = cupy.cuda.ExternalStream(stream)
-    run()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(s)
-    for _ in range(reps):
-        run()
-    end.record(s)
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / reps
 
 
 class _Ptr:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturn.eqsat import optable as ot
-from saturn.eqsat.program import Kernel
+from saturn.eqsat.program import Kernel, leaves
 
 from .expr import NUMBA_TYPE, BodyWriter, helpers
 from .sources import cache_dir, import_source, write_atomic
@@ -127,9 +127,10 @@ def _operand_reads(
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
     if strided:
         u = "u" if narrow else ""
-        lines.append(f"{ind}rem = {f'np.uint32({flat_index})' if narrow else flat_index}")
+        cast = _uint32 if narrow else str
+        lines.append(f"{ind}rem = {cast(flat_index)}")
         for i in strided:
-            lines.append(f"{ind}off{i} = {'np.uint32(0)' if narrow else '0'}")
+            lines.append(f"{ind}off{i} = {cast('0')}")
         for d in reversed(range(rank)):
             lines.append(f"{ind}c{d} = rem % {u}{domain_names[d]}")
             lines.append(f"{ind}rem = rem // {u}{domain_names[d]}")
@@ -159,13 +160,25 @@ def _operand_reads(
     return lines, sorted(set(ints), key=ints.index)
 
 
+def narrow_copies(names: list[str]) -> list[str]:
+    """Kernel-head statements making ``u``-prefixed 32-bit unsigned copies of int64 size and
+    stride parameters (the ``narrow`` variants' index arithmetic)."""
+    return [f"    u{n} = np.uint32({n})" for n in names]
+
+
+def _uint32(v: str) -> str:
+    return f"np.uint32({v})"
+
+
 def narrow_head(k: Kernel, domain_names: list[str]) -> list[str]:
-    """32-bit unsigned copies of the sizes and strides strided reads use (``narrow``)."""
-    lines = [f"    u{n} = np.uint32({n})" for n in domain_names]
-    for i, o in enumerate(k.inputs):
-        if o.indexing == "strided":
-            lines += [f"    ust{i}_{d} = np.uint32(st{i}_{d})" for d in range(len(domain_names))]
-    return lines
+    """``narrow_copies`` of the sizes and strides a loop's strided reads use."""
+    strides = [
+        f"st{i}_{d}"
+        for i, o in enumerate(k.inputs)
+        if o.indexing == "strided"
+        for d in range(len(domain_names))
+    ]
+    return narrow_copies(domain_names + strides)
 
 
 def _group(k: Kernel, i: int) -> int:
@@ -400,11 +413,8 @@ ROWS_PER_BLOCK = THREADS // 32  # rows kernels: a warp per row
 
 
 def _used(e: tuple) -> set[int]:
-    if e[0] == "in":
-        return {e[1]}
-    if e[0] in ("const", "stage"):
-        return set()
-    return set().union(*(_used(c) for c in e[1:] if isinstance(c, tuple)))
+    """The operands a body reads."""
+    return {leaf[1] for leaf in leaves(e) if leaf[0] == "in"}
 
 
 def rows_lanes(k: Kernel) -> int:
@@ -415,9 +425,10 @@ def rows_lanes(k: Kernel) -> int:
 
 
 def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
-    """A ``rows`` kernel (``fuse_rows``): a warp per row computes the stages in order (each a
-    pass over the row, reduced across the warp and broadcast to every lane), then a last
-    pass writes the body. Later passes re-read the row, which the first brought into cache.
+    """A ``rows`` kernel (``fuse_rows``): a warp (or a block, ``rows_threads``) per row
+    computes the stages in order (each a pass over the row, reduced across its threads and
+    broadcast to all of them), then a last pass writes the body. Later passes re-read the
+    row, which the first brought into cache.
     With ``lanes`` > 1 a lane takes that many adjacent elements per step, packed operands
     and the output as one vector access."""
     rank = len(k.domain)
@@ -554,55 +565,26 @@ def copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[s
     the index arithmetic in 32-bit unsigned integers (the launcher checks every index fits),
     whose divisions cost a fraction of 64-bit ones."""
     dnames = [f"s{d}" for d in range(rank)]
-    u = _narrowing(rank, narrow)
+    snames = [f"st{d}" for d in range(rank)]
+    u = "u" if narrow else ""
+    cast = _uint32 if narrow else str
     lines = [
-        f"def {fn}(out, src, n, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
+        f"def {fn}(out, src, n, {', '.join(dnames + snames)}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
-        *u.head,
+        *(narrow_copies(dnames + snames) if narrow else []),
         "    while i < n:",
-        f"        rem = {u.cast('i')}",
-        f"        off = {u.cast('0')}",
+        f"        rem = {cast('i')}",
+        f"        off = {cast('0')}",
     ]
     for d in reversed(range(rank)):
-        lines += [
-            f"        off += (rem % {u.s(d)}) * {u.st(d)}",
-            f"        rem = rem // {u.s(d)}",
-        ]
+        lines += [f"        off += (rem % {u}s{d}) * {u}st{d}", f"        rem = rem // {u}s{d}"]
     if width == 16:
         lines += ["        out[2 * i] = src[2 * off]", "        out[2 * i + 1] = src[2 * off + 1]"]
     else:
         lines += ["        out[i] = src[off]"]
     lines += ["        i += step"]
-    return "\n".join(lines), Params(
-        ["out", "src"], ["n", *dnames, *[f"st{d}" for d in range(rank)]]
-    )
-
-
-@dataclass
-class _Narrowing:
-    """Names of the sizes and strides a copy's index arithmetic uses: the int64 parameters,
-    or 32-bit unsigned copies of them made once per thread."""
-
-    narrow: bool
-    head: list[str]
-
-    def cast(self, v: str) -> str:
-        return f"np.uint32({v})" if self.narrow else v
-
-    def s(self, d: int) -> str:
-        return f"us{d}" if self.narrow else f"s{d}"
-
-    def st(self, d: int) -> str:
-        return f"ust{d}" if self.narrow else f"st{d}"
-
-
-def _narrowing(rank: int, narrow: bool) -> _Narrowing:
-    head = []
-    if narrow:
-        for d in range(rank):
-            head += [f"    us{d} = np.uint32(s{d})", f"    ust{d} = np.uint32(st{d})"]
-    return _Narrowing(narrow, head)
+    return "\n".join(lines), Params(["out", "src"], ["n", *dnames, *snames])
 
 
 INDEX32 = 2**31  # narrow index arithmetic when every index stays below this
@@ -626,29 +608,29 @@ def row_copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tup
     as for ``copy_source``."""
     lanes = ROW_LANES[width]
     dnames = [f"s{d}" for d in range(rank)]
-    vals = ", ".join(f"v{u}" for u in range(lanes))
-    u = _narrowing(rank, narrow)
+    snames = [f"st{d}" for d in range(rank)]
+    vals = ", ".join(f"v{k}" for k in range(lanes))
+    u = "u" if narrow else ""
+    cast = _uint32 if narrow else str
     lines = [
-        f"def {fn}(out, src, nv, {', '.join(dnames + [f'st{d}' for d in range(rank)])}):",
+        f"def {fn}(out, src, nv, {', '.join(dnames + snames)}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
-        *u.head,
-        f"    vr = {u.cast(f's{rank - 1} // {lanes}')}",
+        *(narrow_copies(dnames + snames) if narrow else []),
+        f"    vr = {cast(f's{rank - 1} // {lanes}')}",
         "    while i < nv:",
-        f"        k = {u.cast('i')}",
+        f"        k = {cast('i')}",
         "        rem = k // vr",
-        f"        off = (k - rem * vr) * {u.cast(str(lanes))}",
+        f"        off = (k - rem * vr) * {cast(str(lanes))}",
     ]
     for d in reversed(range(rank - 1)):
-        lines += [f"        off += (rem % {u.s(d)}) * {u.st(d)}", f"        rem = rem // {u.s(d)}"]
+        lines += [f"        off += (rem % {u}s{d}) * {u}st{d}", f"        rem = rem // {u}s{d}"]
     lines += [
         f"        {vals} = vload{lanes}(src, off)",
         f"        vstore{lanes}(out, i * {lanes}, {vals})",
         "        i += step",
     ]
-    return "\n".join(lines), Params(
-        ["out", "src"], ["nv", *dnames, *[f"st{d}" for d in range(rank)]]
-    )
+    return "\n".join(lines), Params(["out", "src"], ["nv", *dnames, *snames])
 
 
 def row_copy_fits(width: int, shape, strides, ptrs) -> bool:
@@ -1013,6 +995,7 @@ class CudaKernel:
         self._scalar: tuple | None = None
         self._narrow: tuple | None = None
         self._strided = k.kind == "loop" and any(o.indexing == "strided" for o in k.inputs)
+        self._narrow_fits: dict[tuple, bool] = {}
         self._plans: dict[tuple, tuple] = {}
 
     def variant(self, ptrs: list[int], shapes=None, strides=None) -> tuple[Generated, object]:
@@ -1029,12 +1012,18 @@ class CudaKernel:
         return self._scalar
 
     def _fits_narrow(self, shapes, strides) -> bool:
-        n = math.prod(self.k.domain)
-        return all(
-            fits_narrow(n, shp, st)
-            for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
-            if o.indexing == "strided"
-        )
+        """Whether this operand layout takes the narrow variant (decided once per layout:
+        programs that do not replay launch every call)."""
+        key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        fits = self._narrow_fits.get(key)
+        if fits is None:
+            n = math.prod(self.k.domain)
+            fits = self._narrow_fits[key] = all(
+                fits_narrow(n, shp, st)
+                for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
+                if o.indexing == "strided"
+            )
+        return fits
 
     def plan(
         self,

@@ -103,6 +103,21 @@ def raw_kernel(source: str, name: str):
     return cupy.RawKernel(source, name)
 
 
+def time_on_stream(run, stream: int, reps: int = 5) -> float:
+    """Milliseconds per call of ``run()`` on ``stream`` (CUDA events, after one warm call)."""
+    import cupy
+
+    s = cupy.cuda.ExternalStream(stream)
+    run()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(s)
+    for _ in range(reps):
+        run()
+    end.record(s)
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / reps
+
+
 def _split_kernel():
     return raw_kernel(_SPLIT_SOURCE, "split_tf32")
 
@@ -195,17 +210,7 @@ class GemmPlan:
                 self.precision = "fp32"
 
     def _time(self, ptrs: tuple[int, ...], reps: int = 5) -> float:
-        import cupy
-
-        stream = cupy.cuda.ExternalStream(self.stream)
-        self.run(ptrs)
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        for _ in range(reps):
-            self.run(ptrs)
-        end.record(stream)
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) / reps
+        return time_on_stream(lambda: self.run(ptrs), self.stream, reps)
 
     def _operands(self, ptrs: tuple[int, ...]):
         a, b, out, bias = self.layouts

@@ -27,8 +27,8 @@ import threading
 import torch
 
 from saturn.codegen import cuda as cg
-from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan, time_on_stream
-from saturn.codegen.gemm import GemmPlan, Layout
+from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
+from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 
@@ -99,7 +99,7 @@ class GpuRunner:
         self.calls = 0
         self.exec_ = None  # the instantiated graph
         self.captured_outs: list[torch.Tensor] = []
-        self.out_specs: list[tuple | None] = []  # per captured output: shape, dtype, ptr, bytes
+        self.out_specs: list[tuple | None] = []  # _packed of each captured output
         self.captured_ptrs: tuple[int, ...] = ()  # input addresses the graph was captured with
         self.staged: dict[int, torch.Tensor] = {}  # inputs read from a buffer of their own
         self.captures = 0
@@ -285,29 +285,22 @@ class GpuRunner:
             outs = self._replayed(prepared, stats)
             if outs is self.captured_outs:  # fixed memory: one device copy out each
                 stats.replayed = True
-                return [self._copy_captured(i) for i in range(len(outs))]
+                return [self._copy_out(t, p) for t, p in zip(outs, self.out_specs, strict=True)]
             return [self._copy_out(t) for t in outs]
 
-    def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
-        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed."""
-        if not t.is_contiguous() or t.device != self.device:
-            return t.clone()
-        out = torch.empty(t.shape, dtype=t.dtype, device=self.device)
-        if t.numel():
-            self._check(
-                _driver().cuMemcpyDtoDAsync(
-                    out.data_ptr(), t.data_ptr(), t.numel() * t.element_size(), self.stream
-                ),
-                "cuMemcpyDtoDAsync",
-            )
-        return out
+    def _packed(self, t: torch.Tensor) -> tuple | None:
+        """(shape, dtype, address, bytes) of a packed device tensor; None for anything else."""
+        if t.device != self.device or not t.is_contiguous():
+            return None
+        return (t.shape, t.dtype, t.data_ptr(), t.numel() * t.element_size())
 
-    def _copy_captured(self, i: int) -> torch.Tensor:
-        """``_copy_out`` of captured output ``i``, from what the capture recorded of it."""
-        spec = self.out_specs[i]
-        if spec is None:  # not packed on the device
-            return self._copy_out(self.captured_outs[i])
-        shape, dtype, src, nbytes = spec
+    def _copy_out(self, t: torch.Tensor, packed: tuple | None = None) -> torch.Tensor:
+        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed
+        (``packed``: what ``_packed`` says of ``t``, when already known)."""
+        packed = packed or self._packed(t)
+        if packed is None:
+            return t.clone()
+        shape, dtype, src, nbytes = packed
         out = torch.empty(shape, dtype=dtype, device=self.device)
         if nbytes:
             (err,) = _driver().cuMemcpyDtoDAsync(out.data_ptr(), src, nbytes, self.stream)
@@ -381,12 +374,7 @@ class GpuRunner:
         self.captures += 1
         self.exec_ = exec_
         self.captured_outs = [env[v] for v in self.r.program.outputs]
-        self.out_specs = [
-            (t.shape, t.dtype, t.data_ptr(), t.numel() * t.element_size())
-            if t.device == self.device and t.is_contiguous()
-            else None
-            for t in self.captured_outs
-        ]
+        self.out_specs = [self._packed(t) for t in self.captured_outs]
         return True
 
     @staticmethod

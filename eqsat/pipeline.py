@@ -47,7 +47,7 @@ def compile_graph(
     best = extract_shared(view, model, roots)
     # 4. lower: kernel descriptions, host steps and crossings, validated
     program = lower(graph, view, best, types, place, roots, io_on_device)
-    if machine == "gpu":  # a warp per row: the CUDA emitter's rows kernels
+    if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_rows(program)
     return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))
 

@@ -445,10 +445,11 @@ def lower(
     return prog
 
 
-def _leaves(e: Expr) -> set:
+def leaves(e: Expr) -> set:
+    """The operand and stage leaves of a body."""
     if e[0] in ("in", "stage", "const"):
         return set() if e[0] == "const" else {e}
-    return set().union(*(_leaves(c) for c in e[1:] if isinstance(c, tuple)))
+    return set().union(*(leaves(c) for c in e[1:] if isinstance(c, tuple)))
 
 
 def fuse_reduce_epilogues(prog: Program) -> Program:
@@ -471,7 +472,7 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
             and k.kind == "loop"
             and len(k.inputs) == 1
             and k.inputs[0].indexing == "same"
-            and _leaves(k.body) == {("in", 0)}
+            and leaves(k.body) == {("in", 0)}
         ):
             src = by_output.get(k.inputs[0].value)
             r = src.kernel if src is not None else None
@@ -495,8 +496,8 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
     return Program(steps, prog.outputs, prog.inputs)
 
 
-ROWS_MAX = 4096  # rows kernels: a warp per row, so rows no longer than this
-ROW_FLOATS = ("f32", "f64")
+ROWS_MAX = 4096  # rows kernels re-read a row per stage from cache: rows no longer than this
+ROW_FLOATS = ("f32", "f64")  # the stages rows kernels take (softmax's, the norms')
 
 
 def _remap(e: Expr, table: dict[int, Expr]) -> Expr:
@@ -550,7 +551,6 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
         stages.append(Stage(r.attrs["reduce"], _remap(r.body, table(r)), r.epilogue, acc, r.dtype))
         inside += r.covers + r.fused
     body = _remap(k.body, table(k))
-    dims = {"dims": [len(k.domain) - 1]}
     rows = Kernel(
         "rows",
         s.output,
@@ -559,7 +559,7 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
         operands,
         body,
         k.domain,
-        dims,
+        {},  # the stages reduce the domain's last axis
         list(k.covers),
         inside,
         stages=stages,
@@ -580,13 +580,16 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
 
 def fuse_rows(prog: Program) -> Program:
     """Merge a loop with the last-axis reductions it reads per row (softmax's max and sum,
-    layer norm's mean and variance) into one ``rows`` kernel: a warp takes a row, computes
-    the reductions in order and then the loop's body, so the row is read from memory once
+    layer norm's mean and variance) into one ``rows`` kernel: a warp or a block takes a row,
+    computes the reductions in order and then the loop's body, so the row is read from memory once
     and the reduced values never are. Exact: each reduction runs the same scalar body over
     the same elements and combines them in one of the orders a reduction kernel may use;
     the loop then reads those values. A reduction joins only when everything that reads it
     is in the group (it would otherwise still be written for the others) and when it is
-    not an output. GPU programs only (the CPU emitter has no rows kernel)."""
+    not an output. Special values take the same path as in separate kernels (max and min
+    propagate NaN; sums of infinities give what the same additions give). Float stages
+    only: integer reductions keep their own kernels, which widen as PyTorch does. GPU
+    programs only (the CPU emitter has no rows kernel)."""
     users: dict[str, set[str]] = {}
     for s in prog.steps:
         for v in s.args:

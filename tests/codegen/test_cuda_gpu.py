@@ -163,10 +163,24 @@ def test_broadcast_operands(shape, bias, indexing):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
-def test_permuted_operand_reads_through_strides():
+@pytest.mark.parametrize("narrow", [True, False])
+def test_permuted_operand_reads_through_strides(monkeypatch, narrow):
+    """Both index-arithmetic variants of a strided loop: 32-bit where every index fits (as
+    here), 64-bit otherwise (forced), each shown to be the one that ran."""
+    made = []
+    real = cg.generate
+
+    def spy(k, lanes=None, narrow=False):
+        made.append(narrow)
+        return real(k, lanes, narrow)
+
+    monkeypatch.setattr(cg, "generate", spy)
+    if not narrow:
+        monkeypatch.setattr(cg, "fits_narrow", lambda *a: False)
     text = "(input x f32 [301 257])\n(let r (Exp (Permute x [1 0])))\n(output r)\n"
     want, got, _ = run_on_gpu(text)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert (True in made) == narrow, made
 
 
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Amax", "Amin", "Prod"])
