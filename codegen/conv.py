@@ -140,19 +140,25 @@ class ConvPlan:
         self.uids = tuple(tt.get_uid() for tt in tensors)
         self.workspace_size = int(g.get_workspace_size())
         self.tuned: tuple[float, int, int] | None = None  # (ms for 3 runs, plan index, workspace)
+        self.candidates = 0  # plans the last autotune timed
         self.timings: dict[str, float] = {}  # ms per call, when tf32x3 was timed against it
 
     def autotune(self, ptrs: tuple[int, ...], workspace_for, candidates: int = 8) -> None:
-        """Time the first ``candidates`` ranked plans on this call's own buffers (the output
-        is overwritten by the real run that follows) and keep the fastest.
-        ``workspace_for(nbytes)`` returns a device address with that many bytes."""
+        """Time the first ``candidates`` ranked plans that build on this call's own buffers
+        (the output is overwritten by the real run that follows) and keep the fastest.
+        Plans the numeric notes deselected (TF32 engines in a float32 plan) do not build
+        and are not counted. ``workspace_for(nbytes)`` returns a device address with that
+        many bytes."""
         from cuda.bindings import driver as drv
 
         g = self.graph
         start, stop = drv.cuEventCreate(0)[1], drv.cuEventCreate(0)[1]
         best: tuple[float, int, int] | None = None
+        self.candidates = 0
         try:
-            for i in range(min(candidates, g.get_execution_plan_count())):
+            for i in range(g.get_execution_plan_count()):
+                if self.candidates == candidates:
+                    break
                 try:
                     g.build_plan_at_index(i)
                     need = int(g.get_workspace_size_plan_at_index(i))
@@ -167,6 +173,7 @@ class ConvPlan:
                     once()  # warm
                 except Exception:  # a plan that declines these operands is not a candidate
                     continue
+                self.candidates += 1
                 drv.cuEventRecord(start, self.stream)
                 for _ in range(3):
                     once()

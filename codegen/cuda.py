@@ -121,13 +121,14 @@ def _operand_reads(
     k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str, narrow: bool = False
 ) -> tuple[list[str], list[str]]:
     """Statements reading every operand at the domain's flat index; the int params used.
-    ``narrow``: strided offsets in 32-bit unsigned arithmetic, over the ``u``-prefixed
-    copies of the sizes and strides ``narrow_head`` makes."""
+    ``narrow``: index arithmetic (strided offsets, broadcast operands' divisions) in 32-bit
+    unsigned integers, over the ``u``-prefixed copies of the parameters ``narrow_head``
+    makes."""
     lines, ints = [], []
+    u = "u" if narrow else ""
+    cast = _uint32 if narrow else str
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
     if strided:
-        u = "u" if narrow else ""
-        cast = _uint32 if narrow else str
         lines.append(f"{ind}rem = {cast(flat_index)}")
         for i in strided:
             lines.append(f"{ind}off{i} = {cast('0')}")
@@ -137,20 +138,24 @@ def _operand_reads(
             for i in strided:
                 lines.append(f"{ind}off{i} += c{d} * {u}st{i}_{d}")
                 ints.append(f"st{i}_{d}")
+    fi = flat_index
+    if narrow and any(o.indexing in BROADCAST for o in k.inputs):
+        lines.append(f"{ind}fi = {cast(flat_index)}")
+        fi = "fi"
     for i, o in enumerate(k.inputs):
         if o.indexing == "same":
             idx = flat_index
         elif o.indexing == "scalar":
             idx = "0"
         elif o.indexing == "trailing":
-            idx = f"{flat_index} % m{i}"
+            idx = f"{fi} % {u}m{i}"
             ints.append(f"m{i}")
         elif o.indexing == "leading":
-            idx = f"{flat_index} // r{i}"
+            idx = f"{fi} // {u}r{i}"
             ints.append(f"r{i}")
         elif o.indexing == "middle":
             g = _group(k, i)
-            idx = f"({flat_index} // r{g}) % m{g}"
+            idx = f"({fi} // {u}r{g}) % {u}m{g}"
             ints += [f"r{g}", f"m{g}"]
         else:
             idx = f"off{i}"
@@ -158,6 +163,9 @@ def _operand_reads(
         nz = " != 0" if o.dtype == "bool" else ""
         lines.append(f"{ind}in{i}_v = in{i}[{idx}]{nz}")
     return lines, sorted(set(ints), key=ints.index)
+
+
+BROADCAST = ("trailing", "leading", "middle")  # operands read at a division of the index
 
 
 def narrow_copies(names: list[str]) -> list[str]:
@@ -171,14 +179,15 @@ def _uint32(v: str) -> str:
 
 
 def narrow_head(k: Kernel, domain_names: list[str]) -> list[str]:
-    """``narrow_copies`` of the sizes and strides a loop's strided reads use."""
-    strides = [
-        f"st{i}_{d}"
-        for i, o in enumerate(k.inputs)
-        if o.indexing == "strided"
-        for d in range(len(domain_names))
-    ]
-    return narrow_copies(domain_names + strides)
+    """``narrow_copies`` of the sizes, strides and run lengths a loop's reads divide by."""
+    _, ints = _operand_reads(k, "i", len(domain_names), domain_names, "")
+    strided = any(o.indexing == "strided" for o in k.inputs)
+    return narrow_copies((domain_names if strided else []) + ints)
+
+
+def index_arithmetic(k: Kernel) -> bool:
+    """Whether a loop divides its index to read an operand (and so has a narrow variant)."""
+    return any(o.indexing in ("strided", *BROADCAST) for o in k.inputs)
 
 
 def _group(k: Kernel, i: int) -> int:
@@ -209,12 +218,24 @@ def vector_lanes(k: Kernel) -> int:
 
 
 def _vector_reads(
-    k: Kernel, lanes: int, rank: int, dnames: list[str], ind: str, used: set[int] | None = None
+    k: Kernel,
+    lanes: int,
+    rank: int,
+    dnames: list[str],
+    ind: str,
+    used: set[int] | None = None,
+    narrow: bool = False,
+    runs: str = "check",
 ) -> list[str]:
     """Statements reading ``lanes`` adjacent elements (flat index ``j`` on) of every operand
     (or those in ``used``) as ``in{i}_v{u}``: packed operands as one vector access,
-    broadcast operands once per run where the lanes share a value."""
+    broadcast operands once per run where the lanes share a value. ``runs`` says how
+    middle and leading operands (runs of ``r`` equal values) are read: ``check`` tests
+    whether the step stays in one run, ``shared`` knows it does (``q{g}``, the run, is
+    computed: see ``_run_heads``), ``per-lane`` reads each lane. ``narrow``: 32-bit index
+    arithmetic over ``uj``."""
     lines: list[str] = []
+    u_, jj = ("u", "uj") if narrow else ("", "j")
     for i, o in enumerate(k.inputs):
         if used is not None and i not in used:
             continue
@@ -224,50 +245,105 @@ def _vector_reads(
             lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, j)")
             if nz:
                 lines += [f"{ind}{v} = {v}{nz}" for v in names]
-        else:
-            per_lane = []
-            for u in range(lanes):
-                r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind)
-                (src,) = [ln for ln in r if ln.startswith(f"{ind}in{i}_v =")]
-                per_lane.append(src.replace("_v =", f"_v{u} ="))
-            if o.indexing in ("middle", "leading"):
+            continue
+        per_lane = []
+        for u in range(lanes):
+            r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind, narrow)
+            at = r.index(next(ln for ln in r if ln.startswith(f"{ind}in{i}_v =")))
+            pre = [ln for ln in r[:at] if ln.startswith(f"{ind}fi =")]
+            per_lane += [*pre, r[at].replace("_v =", f"_v{u} =")]
+        if o.indexing in ("middle", "leading") and runs != "per-lane":
+            g = _group(k, i) if o.indexing == "middle" else i
+            at = f"q{g} % {u_}m{g}" if o.indexing == "middle" else f"q{g}"
+            shared = [f"w{i} = in{i}[{at}]{nz}", *(f"{v} = w{i}" for v in names)]
+            if runs == "shared":
+                lines += [ind + ln for ln in shared]
+            else:
                 # the lanes of one step share a run of r elements (and so one value)
                 # unless the step crosses a run's end: one division, not one per lane
-                g = _group(k, i) if o.indexing == "middle" else i
-                at = f"q{i} % m{g}" if o.indexing == "middle" else f"q{i}"
                 lines += [
-                    f"{ind}q{i} = j // r{g}",
-                    f"{ind}if j - q{i} * r{g} + {lanes} <= r{g}:",
-                    f"{ind}    w{i} = in{i}[{at}]{nz}",
-                    *(f"{ind}    {v} = w{i}" for v in names),
+                    f"{ind}q{g} = {jj} // {u_}r{g}",
+                    f"{ind}if {jj} - q{g} * {u_}r{g} + {lanes} <= {u_}r{g}:",
+                    *(f"{ind}    {ln}" for ln in shared),
                     f"{ind}else:",
                     *("    " + ln for ln in per_lane),
                 ]
-            elif o.indexing == "trailing":
-                # a bias: the lanes read adjacent elements unless the step wraps
-                lines += [
-                    f"{ind}t{i} = j % m{i}",
-                    f"{ind}if t{i} + {lanes} <= m{i}:",
-                    *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
-                    f"{ind}else:",
-                    *("    " + ln for ln in per_lane),
-                ]
-            else:
-                lines += per_lane
+        elif o.indexing == "trailing":
+            # a bias: the lanes read adjacent elements unless the step wraps
+            lines += [
+                f"{ind}t{i} = {jj} % {u_}m{i}",
+                f"{ind}if t{i} + {lanes} <= {u_}m{i}:",
+                *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
+                f"{ind}else:",
+                *("    " + ln for ln in per_lane),
+            ]
+        else:
+            lines += per_lane
     return lines
+
+
+def _run_groups(k: Kernel) -> list[int]:
+    """The index-parameter groups of a loop's middle and leading operands (``_group``)."""
+    groups = [
+        _group(k, i) if o.indexing == "middle" else i
+        for i, o in enumerate(k.inputs)
+        if o.indexing in ("middle", "leading")
+    ]
+    return sorted(set(groups))
+
+
+def _loop_vector_step(
+    k: Kernel, lanes: int, rank: int, dnames: list[str], ind: str, narrow: bool
+) -> list[str]:
+    """One vector step of a loop at flat index ``j``. With middle or leading operands the
+    step branches once: where it stays inside one run of each, those operands are read
+    once and every lane computes from the same values (so what depends only on them, batch
+    norm's ``rsqrt(var + eps)``, is computed once per step, not per lane); otherwise each
+    lane reads its own."""
+    u_, jj = ("u", "uj") if narrow else ("", "j")
+    head = (
+        [f"{ind}uj = np.uint32(j)"]
+        if narrow and any(o.indexing in BROADCAST for o in k.inputs)
+        else []
+    )
+    t = "np.uint8" if k.dtype == "bool" else NUMBA_TYPE[k.dtype]
+
+    def step(ind2: str, reads: list[str]) -> list[str]:
+        lines, results = list(reads), []
+        for u in range(lanes):
+            w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
+            res, _ = w.emit(k.body)
+            lines += [ind2 + ln for ln in w.lines]
+            results.append(f"{t}({res})")
+        return [*lines, f"{ind2}vstore{lanes}(out, j, {', '.join(results)})"]
+
+    groups = _run_groups(k)
+    if not groups:
+        return head + step(ind, _vector_reads(k, lanes, rank, dnames, ind, narrow=narrow))
+    inner = ind + "    "
+    cond = " and ".join(f"{jj} - q{g} * {u_}r{g} + {lanes} <= {u_}r{g}" for g in groups)
+    return [
+        *head,
+        *(f"{ind}q{g} = {jj} // {u_}r{g}" for g in groups),
+        f"{ind}if {cond}:",
+        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="shared")),
+        f"{ind}else:",
+        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="per-lane")),
+    ]
 
 
 def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tuple[str, Params]:
     """A grid-stride loop. With ``lanes`` > 1 each thread takes ``lanes`` adjacent elements
     per step: packed operands and the output move as one vector access (the launcher checks
-    their alignment), broadcast operands are read per element; a scalar loop does the tail.
-    ``narrow``: strided operands' offsets in 32-bit arithmetic (the launcher checks they fit;
-    a 64-bit division costs several 32-bit ones)."""
+    their alignment), broadcast operands are read once per run (``_loop_vector_step``); a
+    scalar loop does the tail. ``narrow``: the index arithmetic (strided offsets, broadcast
+    operands' divisions) in 32 bits (the launcher checks every index fits; a 64-bit
+    division costs several 32-bit ones)."""
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     ind = "        "
     uses_shape = any(o.indexing == "strided" for o in k.inputs)
-    narrow = narrow and uses_shape
+    narrow = narrow and index_arithmetic(k)
     reads, ints = _operand_reads(k, "i", rank, dnames, ind, narrow)
     params = Params(
         ["out", *[f"in{i}" for i in range(len(k.inputs))]],
@@ -281,15 +357,8 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tup
     ]
     if lanes > 1:
         lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
-        lines += _vector_reads(k, lanes, rank, dnames, ind)
-        results = []
-        for u in range(lanes):
-            w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
-            res, _ = w.emit(k.body)
-            lines += [ind + ln for ln in w.lines]
-            results.append(f"{'np.uint8' if k.dtype == 'bool' else NUMBA_TYPE[k.dtype]}({res})")
-        lines += [f"{ind}vstore{lanes}(out, j, {', '.join(results)})", f"{ind}i += step"]
-        lines.append(f"    i = nv * {lanes} + cuda.grid(1)")
+        lines += _loop_vector_step(k, lanes, rank, dnames, ind, narrow)
+        lines += [f"{ind}i += step", f"    i = nv * {lanes} + cuda.grid(1)"]
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
     result, _ = body.emit(k.body)
     lines.append("    while i < n:")
@@ -983,33 +1052,29 @@ class CudaKernel:
     """A compiled kernel ready to launch on saturn's stream with pointers and sizes.
 
     Loops come in variants: vector accesses (used when every packed pointer is aligned
-    for them, which saturn's allocator gives whole tensors), scalar (offset views), and for
-    strided operands 32-bit index arithmetic when every index fits.
-    The launch geometry and size arguments are worked out once per operand layout and
-    variant and reused; a launch checks the operands' shapes and raises on a mismatch."""
+    for them, which saturn's allocator gives whole tensors) or scalar (offset views), each
+    with 32-bit index arithmetic when the loop divides its index (strided or broadcast
+    operands) and every index fits, 64-bit otherwise. A variant is compiled when first
+    launched. The launch geometry and size arguments are worked out once per operand layout
+    and variant and reused; a launch checks the operands' shapes and raises on a mismatch."""
 
     def __init__(self, k: Kernel, cc: tuple[int, int]):
         self.k, self.cc = k, cc
         self.g = generate(k)
-        self.kernel = load(self.g, cc)
-        self._scalar: tuple | None = None
-        self._narrow: tuple | None = None
-        self._strided = k.kind == "loop" and any(o.indexing == "strided" for o in k.inputs)
+        self._variants: dict[tuple[int, bool], tuple[Generated, object]] = {}
+        self._indexed = k.kind == "loop" and index_arithmetic(k)
         self._narrow_fits: dict[tuple, bool] = {}
         self._plans: dict[tuple, tuple] = {}
 
     def variant(self, ptrs: list[int], shapes=None, strides=None) -> tuple[Generated, object]:
-        if self._strided and shapes is not None and self._fits_narrow(shapes, strides):
-            if self._narrow is None:
-                g = generate(self.k, lanes=1, narrow=True)
-                self._narrow = (g, load(g, self.cc))
-            return self._narrow
-        if self.g.lanes == 1 or not self.g.misaligned(ptrs):
-            return self.g, self.kernel
-        if self._scalar is None:
-            g = generate(self.k, lanes=1)
-            self._scalar = (g, load(g, self.cc))
-        return self._scalar
+        lanes = self.g.lanes if self.g.lanes == 1 or not self.g.misaligned(ptrs) else 1
+        narrow = self._indexed and shapes is not None and self._fits_narrow(shapes, strides)
+        v = self._variants.get((lanes, narrow))
+        if v is None:
+            g = self.g if (lanes, narrow) == (self.g.lanes, False) else None
+            g = g or generate(self.k, lanes=lanes, narrow=narrow)
+            v = self._variants[(lanes, narrow)] = (g, load(g, self.cc))
+        return v
 
     def _fits_narrow(self, shapes, strides) -> bool:
         """Whether this operand layout takes the narrow variant (decided once per layout:
@@ -1018,7 +1083,7 @@ class CudaKernel:
         fits = self._narrow_fits.get(key)
         if fits is None:
             n = math.prod(self.k.domain)
-            fits = self._narrow_fits[key] = all(
+            fits = self._narrow_fits[key] = n < INDEX32 and all(
                 fits_narrow(n, shp, st)
                 for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
                 if o.indexing == "strided"

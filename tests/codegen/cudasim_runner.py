@@ -207,8 +207,10 @@ def run_copies() -> int:
 def main() -> int:
     failures = run_copies()
     failures += run_all(GRAPHS)
-    # strided operands through 32-bit index arithmetic (what fitting launches get)
-    failures += run_all({k: GRAPHS[k] for k in ("leading_strided", "permuted")}, narrow=True)
+    # strided and broadcast operands through 32-bit index arithmetic (what fitting launches
+    # get): runs that vector steps cross (5) and do not (12), bool runs, a wrapping bias
+    narrow = ("leading_strided", "permuted", "channel_batch_norm", "channel_runs_of_12")
+    failures += run_all({k: GRAPHS[k] for k in (*narrow, "channel_bool", "bias_trailing")}, True)
     cg.VECTOR = False  # the scalar loop variant (what misaligned operands get)
     failures += run_all(
         {

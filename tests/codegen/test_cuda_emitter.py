@@ -23,7 +23,7 @@ def test_kernels_under_the_cuda_simulator():
         [sys.executable, str(runner)], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") >= 54, proc.stdout  # copies, graphs, both loop variants
+    assert proc.stdout.count("ok ") >= 58, proc.stdout  # copies, graphs, both loop variants
 
 
 def kernels_of(text: str):
@@ -86,3 +86,21 @@ def test_narrow_variant_divides_in_32_bits():
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\brem\.u32\b", narrow)
     assert not cg.fits_narrow(2**31, (2**31,), (1,))
     assert not cg.fits_narrow(8, (2, 4), (2**31, 1)) and cg.fits_narrow(8, (2, 4), (4, 1))
+
+
+def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
+    """A batch norm's per-channel operands (middle indexing): a vector step inside one run
+    reads them once, so ``rsqrt(var + eps)`` is computed once for the four lanes (one
+    square root there, four where the step crosses a run, beside the scalar tail's, which
+    the compiler unrolls); the narrow variant has no 64-bit division."""
+    (k,) = kernels_of(
+        "(input x f32 [2 3 8])\n(input m f32 [3 1])\n(input v f32 [3 1])\n"
+        "(let r (Mul (Sub x m) (Rsqrt (Add v (Scalar 1e-05 f32)))))\n(output r)\n"
+    )
+    assert [o.indexing for o in k.inputs] == ["same", "middle", "middle"]
+    wide, narrow = (cg.ptx(cg.generate(k, narrow=n), (9, 0)) for n in (False, True))
+    scalar = cg.ptx(cg.generate(k, lanes=1), (9, 0))
+    roots = [len(re.findall(r"\bsqrt\.rn\.f32\b", p)) for p in (wide, scalar)]
+    assert roots[0] - roots[1] == 1 + 4, roots
+    assert re.search(r"\b(div|rem)\.s64\b", wide)
+    assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\bdiv\.u32\b", narrow)
