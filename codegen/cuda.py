@@ -124,20 +124,9 @@ def _operand_reads(
     ``narrow``: index arithmetic (strided offsets, broadcast operands' divisions) in 32-bit
     unsigned integers, over the ``u``-prefixed copies of the parameters ``narrow_head``
     makes."""
-    lines, ints = [], []
     u = "u" if narrow else ""
     cast = _uint32 if narrow else str
-    strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
-    if strided:
-        lines.append(f"{ind}rem = {cast(flat_index)}")
-        for i in strided:
-            lines.append(f"{ind}off{i} = {cast('0')}")
-        for d in reversed(range(rank)):
-            lines.append(f"{ind}c{d} = rem % {u}{domain_names[d]}")
-            lines.append(f"{ind}rem = rem // {u}{domain_names[d]}")
-            for i in strided:
-                lines.append(f"{ind}off{i} += c{d} * {u}st{i}_{d}")
-                ints.append(f"st{i}_{d}")
+    lines, ints = _strided_offsets(k, flat_index, rank, domain_names, ind, narrow)
     fi = flat_index
     if narrow and any(o.indexing in BROADCAST for o in k.inputs):
         lines.append(f"{ind}fi = {cast(flat_index)}")
@@ -163,6 +152,28 @@ def _operand_reads(
         nz = " != 0" if o.dtype == "bool" else ""
         lines.append(f"{ind}in{i}_v = in{i}[{idx}]{nz}")
     return lines, sorted(set(ints), key=ints.index)
+
+
+def _strided_offsets(
+    k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str, narrow: bool
+) -> tuple[list[str], list[str]]:
+    """Statements computing ``off{i}``, the element offset of every strided operand at the
+    domain's flat index; the stride params used."""
+    lines, ints = [], []
+    u = "u" if narrow else ""
+    cast = _uint32 if narrow else str
+    strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
+    if strided:
+        lines.append(f"{ind}rem = {cast(flat_index)}")
+        for i in strided:
+            lines.append(f"{ind}off{i} = {cast('0')}")
+        for d in reversed(range(rank)):
+            lines.append(f"{ind}c{d} = rem % {u}{domain_names[d]}")
+            lines.append(f"{ind}rem = rem // {u}{domain_names[d]}")
+            for i in strided:
+                lines.append(f"{ind}off{i} += c{d} * {u}st{i}_{d}")
+                ints.append(f"st{i}_{d}")
+    return lines, ints
 
 
 BROADCAST = ("trailing", "leading", "middle")  # operands read at a division of the index
@@ -207,14 +218,32 @@ VECTOR = True  # packed loops use vector loads and stores (bench/kernels.py turn
 
 
 def vector_lanes(k: Kernel) -> int:
-    """Elements per vector access in a packed loop: 16 bytes of the widest packed operand
-    (out and inputs read at ``i``), at most 4 lanes; 1 when the loop has strided operands."""
-    if not VECTOR or any(o.indexing == "strided" for o in k.inputs):
+    """Elements per vector access in a loop: 16 bytes of the widest operand read as vectors
+    (out, inputs read at ``i``, strided inputs: see ``strided_vectors_fit``), at most 4."""
+    if not VECTOR:
         return 1
     widest = max(
-        MEMORY_SIZE[d] for d in [k.dtype, *(o.dtype for o in k.inputs if o.indexing == "same")]
+        MEMORY_SIZE[d]
+        for d in [k.dtype, *(o.dtype for o in k.inputs if o.indexing in ("same", "strided"))]
     )
     return max(1, min(4, 16 // widest))
+
+
+def strided_vectors_fit(k: Kernel, lanes: int, shapes, strides) -> bool:
+    """Whether a loop's strided operands can be read ``lanes`` elements at a time: each has
+    the domain's last axis, contiguous, every other stride a multiple of ``lanes`` and the
+    last extent too (so a step's lanes are adjacent in memory and its first is aligned; the
+    launcher checks the pointers)."""
+    if not k.domain or k.domain[-1] % lanes:
+        return False
+    for o, shp, st in zip(k.inputs, shapes, strides, strict=True):
+        if o.indexing != "strided":
+            continue
+        if len(shp) == 0 or shp[-1] != k.domain[-1] or st[-1] != 1:
+            return False
+        if any(st[a] % lanes for a in range(len(shp) - 1) if shp[a] != 1):
+            return False
+    return True
 
 
 def _vector_reads(
@@ -241,8 +270,11 @@ def _vector_reads(
             continue
         names = [f"in{i}_v{u}" for u in range(lanes)]
         nz = " != 0" if o.dtype == "bool" else ""
-        if o.indexing == "same":
-            lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, j)")
+        if o.indexing in ("same", "strided"):
+            if o.indexing == "strided" and not any(ln.startswith(f"{ind}rem =") for ln in lines):
+                lines += _strided_offsets(k, "j", rank, dnames, ind, narrow)[0]
+            at = "j" if o.indexing == "same" else f"off{i}"
+            lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, {at})")
             if nz:
                 lines += [f"{ind}{v} = {v}{nz}" for v in names]
             continue
@@ -489,6 +521,8 @@ def _used(e: tuple) -> set[int]:
 def rows_lanes(k: Kernel) -> int:
     """Elements per vector access in a rows kernel: as in loops, when no operand is strided
     and the row length is a multiple (so every row starts aligned)."""
+    if any(o.indexing == "strided" for o in k.inputs):
+        return 1
     lanes = vector_lanes(k)
     return lanes if k.domain and k.domain[-1] % lanes == 0 else 1
 
@@ -843,7 +877,8 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     if lanes == 1:
         return Generated(fn, src, params, ptypes, style, threads=threads)
     dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
-    packed = (0, *(1 + i for i, o in enumerate(k.inputs) if o.indexing == "same"))
+    vectors = ("same", "strided")
+    packed = (0, *(1 + i for i, o in enumerate(k.inputs) if o.indexing in vectors))
     aligned = tuple((p, lanes * MEMORY_SIZE[dtypes[p]]) for p in packed)
     return Generated(fn, src, params, ptypes, style, lanes, threads=threads, aligned=aligned)
 
@@ -1063,11 +1098,15 @@ class CudaKernel:
         self.g = generate(k)
         self._variants: dict[tuple[int, bool], tuple[Generated, object]] = {}
         self._indexed = k.kind == "loop" and index_arithmetic(k)
+        self._strided = any(o.indexing == "strided" for o in k.inputs)
         self._narrow_fits: dict[tuple, bool] = {}
+        self._vector_fits: dict[tuple, bool] = {}
         self._plans: dict[tuple, tuple] = {}
 
     def variant(self, ptrs: list[int], shapes=None, strides=None) -> tuple[Generated, object]:
         lanes = self.g.lanes if self.g.lanes == 1 or not self.g.misaligned(ptrs) else 1
+        if lanes > 1 and self._strided and not self._vectors_fit(lanes, shapes, strides):
+            lanes = 1
         narrow = self._indexed and shapes is not None and self._fits_narrow(shapes, strides)
         v = self._variants.get((lanes, narrow))
         if v is None:
@@ -1075,6 +1114,15 @@ class CudaKernel:
             g = g or generate(self.k, lanes=lanes, narrow=narrow)
             v = self._variants[(lanes, narrow)] = (g, load(g, self.cc))
         return v
+
+    def _vectors_fit(self, lanes: int, shapes, strides) -> bool:
+        if shapes is None:
+            return False
+        key = (lanes, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        fits = self._vector_fits.get(key)
+        if fits is None:
+            fits = self._vector_fits[key] = strided_vectors_fit(self.k, lanes, shapes, strides)
+        return fits
 
     def _fits_narrow(self, shapes, strides) -> bool:
         """Whether this operand layout takes the narrow variant (decided once per layout:

@@ -29,6 +29,7 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
+from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 
@@ -90,7 +91,9 @@ class GpuRunner:
         self.consts: dict[str, torch.Tensor] = {}
         self.plans: dict[str, tuple[tuple, object]] = {}  # step -> (layout key, plan)
         self.workspaces: dict[str, torch.Tensor] = {}
-        self.view_copies: dict[str, torch.Tensor] = {}  # reshapes that copy -> their buffer
+        # reshapes that copy -> (their buffer, the source's axis order it was copied in)
+        self.view_copies: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
+        self.gemm_read = _read_only_by_gemms(prog)
         self._scratch: torch.Tensor | None = None
         why = self._not_capturable()
         self.replay = replay and why is None
@@ -159,11 +162,25 @@ class GpuRunner:
     def _view(self, s: Step, src: torch.Tensor) -> torch.Tensor:
         """A view step. A reshape that cannot view its source copies it: the first call
         keeps the buffer that copy made, and later calls copy into it again (a captured
-        call must not allocate)."""
-        buf = self.view_copies.get(s.output)
-        if buf is not None:
-            strided_copy(src, buf.view(src.shape))
-            return buf
+        call must not allocate). A reshape only GEMMs read is copied in the order that
+        keeps the source's fastest axis fastest where that makes the GEMM read a transposed
+        matrix (``gemm_copy_order``): a row copy instead of a tiled transpose."""
+        have = self.view_copies.get(s.output)
+        if have is not None:
+            (buf, out), order = have
+            strided_copy(src if order is None else src.permute(order), buf)
+            return out
+        order = None
+        if s.op == "View" and s.output in self.gemm_read and _on(src, self.device):
+            order = gemm_copy_order(tuple(src.shape), src.stride(), tuple(s.attrs[0]))
+        if order is not None:
+            moved = src.permute(order)
+            buf = torch.empty(moved.shape, dtype=src.dtype, device=self.device)
+            strided_copy(moved, buf)
+            inverse = sorted(range(len(order)), key=order.__getitem__)
+            out = buf.permute(inverse).view(tuple(s.attrs[0]))
+            self.view_copies[s.output] = ((buf, out), order)
+            return out
         out = run_host(s.op, [src], s.attrs, {})
         if (
             isinstance(src, torch.Tensor)
@@ -171,7 +188,7 @@ class GpuRunner:
             and out.numel()
             and out.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()
         ):
-            self.view_copies[s.output] = out
+            self.view_copies[s.output] = ((out.view(src.shape), out), None)
         return out
 
     def _workspace(self, nbytes: int, keep: bool = True):
@@ -383,3 +400,26 @@ class GpuRunner:
         err = res[0] if isinstance(res, tuple) else res
         if err != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"saturn: {what} failed: {err}")
+
+
+def _read_only_by_gemms(prog) -> set[str]:
+    """View steps whose every reader is a GEMM (which takes any operand layout it can read
+    as a matrix, so the view's buffer may be laid out for the copy's sake)."""
+    readers: dict[str, list[Step]] = {}
+    for s in prog.steps:
+        args = [o.value for o in s.kernel.inputs] if s.kind == "kernel" else list(s.args)
+        for a in args:
+            readers.setdefault(a, []).append(s)
+    outputs = set(prog.outputs)
+    return {
+        s.output
+        for s in prog.steps
+        if s.kind == "view"
+        and s.output not in outputs
+        and readers.get(s.output)
+        and all(r.kind == "kernel" and r.kernel.kind == "gemm" for r in readers[s.output])
+    }
+
+
+def _on(t, device) -> bool:
+    return isinstance(t, torch.Tensor) and t.device == device

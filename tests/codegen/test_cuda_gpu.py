@@ -183,6 +183,37 @@ def test_permuted_operand_reads_through_strides(monkeypatch, narrow):
     assert (True in made) == narrow, made
 
 
+@pytest.mark.parametrize(
+    "shape,perm,lanes",
+    [
+        ((4, 130, 6, 64), (0, 2, 1, 3), 4),  # attention's heads: rows of 64 stay contiguous
+        ((4, 130, 6, 66), (0, 2, 1, 3), 1),  # rows of 66: a vector step would cross a row
+        ((130, 64), (1, 0), 1),  # a transpose: no contiguous rows
+    ],
+)
+def test_strided_loops_read_contiguous_rows_as_vectors(monkeypatch, shape, perm, lanes):
+    """A loop over a permuted operand whose last axis stays contiguous reads it 16 bytes at a
+    time (offsets worked out once per vector); other layouts take the scalar variant."""
+    made = []
+    real = cg.generate
+
+    def spy(k, lanes=None, narrow=False):
+        g = real(k, lanes, narrow)
+        made.append(g.lanes)
+        return g
+
+    monkeypatch.setattr(cg, "generate", spy)
+    dims = " ".join(map(str, shape))
+    p = " ".join(map(str, perm))
+    text = (
+        f"(input x f32 [{dims}])\n(input b f32 [{shape[-1]}])\n"
+        f"(let r (Add (Mul (Permute x [{p}]) (Scalar 0.125 f32)) b))\n(output r)\n"
+    )
+    want, got, _ = run_on_gpu(text)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert made[-1] == lanes, made  # the variant launched (compiled last)
+
+
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Amax", "Amin", "Prod"])
 @pytest.mark.parametrize(
     "shape,dims",

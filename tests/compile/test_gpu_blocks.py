@@ -230,3 +230,33 @@ def test_tf32x3_keeps_infinities_and_nan_as_float32_does(always_split):
     assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got.isnan(), want.isnan())
     finite = want.isfinite()
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
+
+
+def test_key_reshape_copies_rows_and_the_gemm_reads_it_transposed():
+    """Attention scores from a packed qkv: the key's reshape to [B*H, D, L] cannot be a view;
+    it is copied in [B, H, L, D] order (a row copy, not a tiled transpose) and the batched
+    GEMM reads the transposed matrix from its strides. Replayed calls agree after the input
+    changes in place."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 16, 96)
+
+    def scores(qkv):
+        q, k, _ = qkv.split(32, -1)
+        q = q.reshape(2, 16, 4, 8).transpose(1, 2)
+        k = k.reshape(2, 16, 4, 8).transpose(1, 2)
+        return (q @ k.transpose(-1, -2)).softmax(-1)
+
+    torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
+    fn = torch.compile(scores, backend="saturn", dynamic=False)
+    xd = x.to(GPU)
+    for _ in range(3):
+        got = fn(xd)
+    torch.testing.assert_close(got.cpu(), scores(x), rtol=1e-5, atol=1e-6)
+    xd.mul_(-0.5)  # in place: the replayed graph reads the new values
+    torch.testing.assert_close(fn(xd).cpu(), scores(x * -0.5), rtol=1e-5, atol=1e-6)
+    (recipe,) = recipes_of(compiles)
+    runner = recipe.runner
+    orders = [order for _, order in runner.view_copies.values()]
+    assert (0, 1, 3, 2) in orders, orders
+    assert runner.replays >= 2
