@@ -206,7 +206,7 @@ def test_strided_loops_read_contiguous_rows_as_vectors(monkeypatch, shape, perm,
     dims = " ".join(map(str, shape))
     p = " ".join(map(str, perm))
     text = (
-        f"(input x f32 [{dims}])\n(input b f32 [{shape[-1]}])\n"
+        f"(input x f32 [{dims}])\n(input b f32 [{shape[perm[-1]]}])\n"
         f"(let r (Add (Mul (Permute x [{p}]) (Scalar 0.125 f32)) b))\n(output r)\n"
     )
     want, got, _ = run_on_gpu(text)
