@@ -500,6 +500,100 @@ ROWS_MAX = 4096  # rows kernels re-read a row per stage from cache: rows no long
 ROW_FLOATS = ("f32", "f64")  # the stages rows kernels take (softmax's, the norms')
 
 
+def reuse_written(prog: Program) -> Program:
+    """A loop or reduction whose body recomputes, element for element, what an earlier loop
+    writes (same body over the same operands, read the same way, over the same domain)
+    reads that loop's output instead, where that reads fewer bytes. Extraction pays each
+    shared value once per program, so it sees re-reading a loop's operands inside another
+    kernel as free and inlines the producer again (the encoder's second layer norm
+    recomputing the first); this pass undoes that after the fact. Exact: the written value
+    is the graph's value for that node, the one the recomputation approximates. It also
+    frees the producer's own reductions (read now by the producer alone) for ``fuse_rows``.
+    GPU programs (run before ``fuse_rows``)."""
+    patterns: dict[Expr, Step] = {}
+    for s in prog.steps:
+        k = s.kernel
+        if k is None:
+            continue
+        if k.kind in ("loop", "reduce") and patterns:
+            _read_written(s, patterns)
+        if (
+            k.kind == "loop"
+            and k.body[0] not in ("in", "stage", "const")
+            and tuple(k.shape) == tuple(k.domain)
+        ):
+            patterns.setdefault(_canonical(k), s)
+    return prog
+
+
+def _canonical(k: Kernel) -> Expr:
+    """The body with each operand leaf replaced by what it reads: (value, indexing)."""
+    return _remap(k.body, {i: ("ref", o.value, o.indexing) for i, o in enumerate(k.inputs)})
+
+
+def _read_written(s: Step, patterns: dict[Expr, Step]) -> None:
+    k = s.kernel
+    dom = tuple(k.domain)
+    found: list[Step] = []
+
+    def sub(e: Expr) -> Expr:
+        p = patterns.get(e)
+        if p is not None and tuple(p.kernel.domain) == dom and p.output != s.output:
+            found.append(p)
+            return ("ref", p.output, "same")
+        if e[0] in ("ref", "const", "stage"):
+            return e
+        if e[0] == "cast":
+            return ("cast", sub(e[1]), e[2])
+        return (e[0], *(sub(c) for c in e[1:]))
+
+    body = sub(_canonical(k))
+    if not found:
+        return
+    refs: list[tuple[str, str]] = []
+
+    def collect(e: Expr) -> None:
+        if e[0] == "ref":
+            if (e[1], e[2]) not in refs:
+                refs.append((e[1], e[2]))
+        elif e[0] == "cast":
+            collect(e[1])
+        elif e[0] not in ("const", "stage"):
+            for c in e[1:]:
+                collect(c)
+
+    collect(body)
+    old = {(o.value, o.indexing): o for o in k.inputs}
+    written = {p.output: p for p in found}
+    operands = [
+        old.get(r) or Operand(r[0], written[r[0]].kernel.dtype, written[r[0]].kernel.shape, "same")
+        for r in refs
+    ]
+    if _operand_bytes(operands) >= _operand_bytes(k.inputs):
+        return
+    table = {r: ("in", i) for i, r in enumerate(refs)}
+
+    def bind(e: Expr) -> Expr:
+        if e[0] == "ref":
+            return table[(e[1], e[2])]
+        if e[0] in ("const", "stage"):
+            return e
+        if e[0] == "cast":
+            return ("cast", bind(e[1]), e[2])
+        return (e[0], *(bind(c) for c in e[1:]))
+
+    inside = {n for p in found for n in p.kernel.covers + p.kernel.fused}
+    k.body = bind(body)
+    k.inputs = operands
+    k.fused = [n for n in k.fused if n not in inside]
+    s.args = tuple(o.value for o in operands)
+
+
+def _operand_bytes(ops: list[Operand]) -> int:
+    seen = {(o.value, o.indexing): o for o in ops}
+    return sum(math.prod(o.shape) * ot.ITEMSIZE[o.dtype] for o in seen.values())
+
+
 def _remap(e: Expr, table: dict[int, Expr]) -> Expr:
     if e[0] == "in":
         return table[e[1]]

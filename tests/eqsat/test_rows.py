@@ -98,3 +98,46 @@ def test_log_softmax_rows_match_the_graph(dtype):
     graph, prog = program(f"(input x {dtype} [3 5 33])\n(let r (LogSoftmax x 2))\n(output r)\n")
     assert kinds(prog) == ["rows"]
     check_values(graph, prog, seed=3)
+
+
+# Two layer norms in a row, each over a residual sum (the encoder's pattern): a GEMM writes
+# the first norm's output (so it must be written), and the second reads the first.
+TWO_NORMS = (
+    "(input x f32 [8 32])\n(input y f32 [8 32])\n(input z f32 [8 32])\n"
+    "(param w f32 [32])\n(param b f32 [32])\n(param m f32 [32 32])\n"
+    "(let h (LayerNorm (Add x y) w b [1] 1e-05))\n"
+    "(let f (MatMul h m))\n"
+    "(let r (LayerNorm (Add (Add h f) z) w b [1] 1e-05))\n(output r)\n"
+)
+
+
+def test_a_norm_reads_the_written_norm_instead_of_recomputing_it():
+    """The second norm reads the first's written output (one operand of 1 KiB instead of the
+    two it was computed from), which leaves the first's mean and variance read by its own
+    loop only: each norm is one rows kernel."""
+    graph, prog = program(TWO_NORMS)
+    assert kinds(prog) == ["rows", "gemm", "rows"], prog.to_text()
+    first, _, second = prog.kernels
+    assert first.output in [o.value for o in second.inputs]
+    assert "x" not in [o.value for o in second.inputs] and len(second.stages) == 2
+    check_values(graph, prog)
+
+
+def test_reading_the_written_value_declines_where_it_reads_more():
+    """A second loop recomputing a cheap broadcast expression (a row's bias times a scalar)
+    keeps recomputing it: reading the written full-size value would read more bytes."""
+    from saturn.eqsat.program import Kernel, Operand, Program, Step, reuse_written
+
+    def loop(out, inputs, body):
+        k = Kernel("loop", out, "f32", (8, 32), inputs, body, (8, 32))
+        return Step("kernel", out, "loop", tuple(o.value for o in inputs), kernel=k)
+
+    bias = Operand("b", "f32", (32,), "trailing")
+    x = Operand("x", "f32", (8, 32), "same")
+    scaled = ("mul", ("in", 0), ("const", 0x3E000000, "f32"))
+    p = loop("p", [bias], scaled)
+    q = loop("q", [x, bias], ("add", ("in", 0), ("mul", ("in", 1), ("const", 0x3E000000, "f32"))))
+    prog = Program([p, q], ["p", "q"], {})
+    reuse_written(prog)
+    assert [o.value for o in q.kernel.inputs] == ["x", "b"]  # declined: 1 KiB + 128 B < 2 KiB
+    assert p.kernel.body == scaled
