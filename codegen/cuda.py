@@ -261,18 +261,20 @@ def _vector_reads(
     broadcast operands once per run where the lanes share a value. ``runs`` says how
     middle and leading operands (runs of ``r`` equal values) are read: ``check`` tests
     whether the step stays in one run, ``shared`` knows it does (``q{g}``, the run, is
-    computed: see ``_run_heads``), ``per-lane`` reads each lane. ``narrow``: 32-bit index
+    computed: see ``_loop_vector_step``), ``per-lane`` reads each lane. ``narrow``: 32-bit index
     arithmetic over ``uj``."""
     lines: list[str] = []
     u_, jj = ("u", "uj") if narrow else ("", "j")
+    offsets = False  # the strided operands' offsets at j, worked out once for all of them
     for i, o in enumerate(k.inputs):
         if used is not None and i not in used:
             continue
         names = [f"in{i}_v{u}" for u in range(lanes)]
         nz = " != 0" if o.dtype == "bool" else ""
         if o.indexing in ("same", "strided"):
-            if o.indexing == "strided" and not any(ln.startswith(f"{ind}rem =") for ln in lines):
+            if o.indexing == "strided" and not offsets:
                 lines += _strided_offsets(k, "j", rank, dnames, ind, narrow)[0]
+                offsets = True
             at = "j" if o.indexing == "same" else f"off{i}"
             lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, {at})")
             if nz:

@@ -509,8 +509,9 @@ def reuse_written(prog: Program) -> Program:
     recomputing the first); this pass undoes that after the fact. Exact: the written value
     is the graph's value for that node, the one the recomputation approximates. It also
     frees the producer's own reductions (read now by the producer alone) for ``fuse_rows``.
-    GPU programs (run before ``fuse_rows``)."""
-    patterns: dict[Expr, Step] = {}
+    GPU programs (run before ``fuse_rows``). Float32 and float64 producers only: a
+    narrower output is rounded when written, which a recomputation would not be."""
+    patterns: dict[tuple, Step] = {}  # (domain, canonical body) -> the loop writing it
     for s in prog.steps:
         k = s.kernel
         if k is None:
@@ -519,10 +520,11 @@ def reuse_written(prog: Program) -> Program:
             _read_written(s, patterns)
         if (
             k.kind == "loop"
+            and k.dtype in ("f32", "f64")
             and k.body[0] not in ("in", "stage", "const")
             and tuple(k.shape) == tuple(k.domain)
         ):
-            patterns.setdefault(_canonical(k), s)
+            patterns.setdefault((tuple(k.domain), _canonical(k)), s)
     return prog
 
 
@@ -531,14 +533,14 @@ def _canonical(k: Kernel) -> Expr:
     return _remap(k.body, {i: ("ref", o.value, o.indexing) for i, o in enumerate(k.inputs)})
 
 
-def _read_written(s: Step, patterns: dict[Expr, Step]) -> None:
+def _read_written(s: Step, patterns: dict[tuple, Step]) -> None:
     k = s.kernel
     dom = tuple(k.domain)
     found: list[Step] = []
 
     def sub(e: Expr) -> Expr:
-        p = patterns.get(e)
-        if p is not None and tuple(p.kernel.domain) == dom and p.output != s.output:
+        p = patterns.get((dom, e))
+        if p is not None and p.output != s.output:
             found.append(p)
             return ("ref", p.output, "same")
         if e[0] in ("ref", "const", "stage"):
