@@ -665,19 +665,31 @@ def rows_style(k: Kernel, lanes: int) -> str:
     return "rows" if rows_threads(k, lanes) == 32 else "rows-block"
 
 
+def _copy_head(
+    fn: str, count: str, rank: int, narrow: bool
+) -> tuple[list[str], list[str], list[str]]:
+    """A copy kernel's size and stride names and its first lines: the signature (``out``,
+    ``src``, the ``count`` it steps through, sizes, strides), the grid-stride start and,
+    for ``narrow``, the 32-bit copies of the sizes and strides."""
+    dnames = [f"s{d}" for d in range(rank)]
+    snames = [f"st{d}" for d in range(rank)]
+    lines = [
+        f"def {fn}(out, src, {count}, {', '.join(dnames + snames)}):",
+        "    i = cuda.grid(1)",
+        "    step = cuda.gridsize(1)",
+        *(narrow_copies(dnames + snames) if narrow else []),
+    ]
+    return dnames, snames, lines
+
+
 def copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:
     """A strided copy into a packed output, by element width (bytes) and rank. ``narrow``:
     the index arithmetic in 32-bit unsigned integers (the launcher checks every index fits),
     whose divisions cost a fraction of 64-bit ones."""
-    dnames = [f"s{d}" for d in range(rank)]
-    snames = [f"st{d}" for d in range(rank)]
+    dnames, snames, lines = _copy_head(fn, "n", rank, narrow)
     u = "u" if narrow else ""
     cast = _uint32 if narrow else str
-    lines = [
-        f"def {fn}(out, src, n, {', '.join(dnames + snames)}):",
-        "    i = cuda.grid(1)",
-        "    step = cuda.gridsize(1)",
-        *(narrow_copies(dnames + snames) if narrow else []),
+    lines += [
         "    while i < n:",
         f"        rem = {cast('i')}",
         f"        off = {cast('0')}",
@@ -712,16 +724,11 @@ def row_copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tup
     whole aligned vectors (last extent, every other stride and both pointers). ``narrow``
     as for ``copy_source``."""
     lanes = ROW_LANES[width]
-    dnames = [f"s{d}" for d in range(rank)]
-    snames = [f"st{d}" for d in range(rank)]
+    dnames, snames, lines = _copy_head(fn, "nv", rank, narrow)
     vals = ", ".join(f"v{k}" for k in range(lanes))
     u = "u" if narrow else ""
     cast = _uint32 if narrow else str
-    lines = [
-        f"def {fn}(out, src, nv, {', '.join(dnames + snames)}):",
-        "    i = cuda.grid(1)",
-        "    step = cuda.gridsize(1)",
-        *(narrow_copies(dnames + snames) if narrow else []),
+    lines += [
         f"    vr = {cast(f's{rank - 1} // {lanes}')}",
         "    while i < nv:",
         f"        k = {cast('i')}",
@@ -1101,15 +1108,41 @@ class CudaKernel:
         self._variants: dict[tuple[int, bool], tuple[Generated, object]] = {}
         self._indexed = k.kind == "loop" and index_arithmetic(k)
         self._strided = any(o.indexing == "strided" for o in k.inputs)
-        self._narrow_fits: dict[tuple, bool] = {}
-        self._vector_fits: dict[tuple, bool] = {}
+        # operand layout -> (strided operands readable as vectors, narrow index arithmetic)
+        self._layouts: dict[tuple, tuple[bool, bool]] = {}
         self._plans: dict[tuple, tuple] = {}
 
-    def variant(self, ptrs: list[int], shapes=None, strides=None) -> tuple[Generated, object]:
-        lanes = self.g.lanes if self.g.lanes == 1 or not self.g.misaligned(ptrs) else 1
-        if lanes > 1 and self._strided and not self._vectors_fit(lanes, shapes, strides):
-            lanes = 1
-        narrow = self._indexed and shapes is not None and self._fits_narrow(shapes, strides)
+    def _layout(self, key: tuple) -> tuple[bool, bool]:
+        """What an operand layout (shapes, strides) allows, worked out once per layout
+        (programs that do not replay launch every call)."""
+        fits = self._layouts.get(key)
+        if fits is None:
+            shapes, strides = key
+            n = math.prod(self.k.domain)
+            vectors = self.g.lanes > 1 and (
+                not self._strided or strided_vectors_fit(self.k, self.g.lanes, shapes, strides)
+            )
+            narrow = (
+                self._indexed
+                and n < INDEX32
+                and all(
+                    fits_narrow(n, shp, st)
+                    for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
+                    if o.indexing == "strided"
+                )
+            )
+            fits = self._layouts[key] = (vectors, narrow)
+        return fits
+
+    def variant(
+        self, ptrs: list[int], shapes=None, strides=None, key: tuple | None = None
+    ) -> tuple[Generated, object]:
+        """The variant these pointers and this layout take (compiled at first use); without
+        a layout, the 64-bit variant, scalar for strided operands."""
+        if key is None and shapes is not None:
+            key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        vectors, narrow = self._layout(key) if key is not None else (not self._strided, False)
+        lanes = self.g.lanes if vectors and not self.g.misaligned(ptrs) else 1
         v = self._variants.get((lanes, narrow))
         if v is None:
             g = self.g if (lanes, narrow) == (self.g.lanes, False) else None
@@ -1117,37 +1150,15 @@ class CudaKernel:
             v = self._variants[(lanes, narrow)] = (g, load(g, self.cc))
         return v
 
-    def _vectors_fit(self, lanes: int, shapes, strides) -> bool:
-        if shapes is None:
-            return False
-        key = (lanes, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
-        fits = self._vector_fits.get(key)
-        if fits is None:
-            fits = self._vector_fits[key] = strided_vectors_fit(self.k, lanes, shapes, strides)
-        return fits
-
-    def _fits_narrow(self, shapes, strides) -> bool:
-        """Whether this operand layout takes the narrow variant (decided once per layout:
-        programs that do not replay launch every call)."""
-        key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
-        fits = self._narrow_fits.get(key)
-        if fits is None:
-            n = math.prod(self.k.domain)
-            fits = self._narrow_fits[key] = n < INDEX32 and all(
-                fits_narrow(n, shp, st)
-                for o, shp, st in zip(self.k.inputs, shapes, strides, strict=True)
-                if o.indexing == "strided"
-            )
-        return fits
-
     def plan(
         self,
         shapes: list[tuple[int, ...]],
         strides: list[tuple[int, ...]],
         g: Generated | None = None,
+        key: tuple | None = None,
     ) -> tuple:
         g = g or self.g
-        key = (g.name, tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        key = (g.name, key or (tuple(map(tuple, shapes)), tuple(map(tuple, strides))))
         p = self._plans.get(key)
         if p is None:
             from cuda.core import LaunchConfig
@@ -1172,8 +1183,9 @@ class CudaKernel:
         from cuda.core import launch
 
         ptrs = [out_ptr, *in_ptrs]
-        g, kernel = self.variant(ptrs, shapes, strides)
-        config, ints = self.plan(shapes, strides, g)
+        key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        g, kernel = self.variant(ptrs, key=key)
+        config, ints = self.plan(shapes, strides, g, key)
         launch(core_stream(stream), config, kernel, *[np.uint64(p) for p in ptrs], *ints)
 
 
