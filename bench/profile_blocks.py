@@ -1,7 +1,9 @@
 """Where the device time of one block goes: kernels by total device time (CUPTI, through
 torch.profiler) for eager PyTorch and saturn, per call, after warm-up.
 
-    python bench/profile_blocks.py [workload ...]      (on a GPU machine)
+    python bench/profile_blocks.py [--tf32x3] [workload ...]      (on a GPU machine)
+
+``--tf32x3`` profiles saturn with that option as well.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def kernels(fn, x, sync) -> None:
         print(f"    {t / CALLS:9.1f} us  x{n / CALLS:4.1f}  {name[:110]}")
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], tf32x3: bool = False) -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in names:
@@ -56,12 +58,16 @@ def main(names: list[str]) -> None:
         with torch.no_grad():
             print(f"{name}: eager")
             kernels(copy.deepcopy(model).cuda(), x.cuda(), torch.cuda.synchronize)
-            torch._dynamo.reset()
-            sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
-            print(f"{name}: saturn")
-            kernels(sat, x.to(GPU), lambda: torch.saturn.synchronize(GPU))
+            for opts in ({}, {"tf32x3": True}) if tf32x3 else ({},):
+                torch._dynamo.reset()
+                sat = torch.compile(
+                    copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False, options=opts
+                )
+                print(f"{name}: saturn{' tf32x3' if opts else ''}")
+                kernels(sat, x.to(GPU), lambda: torch.saturn.synchronize(GPU))
         torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(WORKLOADS))
+    args = [a for a in sys.argv[1:] if a != "--tf32x3"]
+    main(args or list(WORKLOADS), tf32x3="--tf32x3" in sys.argv[1:])

@@ -74,23 +74,27 @@ PRECISIONS = ("fp32", "tf32", "tf32x3")
 # product hi @ hi carries infinities and NaN as a TF32 product does (rounding keeps signs
 # and zeros); the corrections lo @ hc and hc @ lo never see them (an infinity times a zero
 # lo would be NaN). A finite x that rounds up to infinity is truncated instead.
+SPLIT_DEVICE = r"""
+__device__ __forceinline__ void tf32_split(float v, float& hi, float& lo, float& hc) {
+  unsigned int h, l;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
+  float fh = __uint_as_float(h);
+  if (isinf(fh) && !isinf(v)) fh = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+  bool fin = isfinite(v);
+  float r = fin ? v - fh : 0.0f;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+  hi = fin ? fh : v;
+  lo = __uint_as_float(l);
+  hc = fin ? fh : 0.0f;
+}
+"""
+
 _SPLIT_SOURCE = r"""
 extern "C" __global__ void split_tf32(const float* x, float* hi, float* lo, float* hc,
                                       long long n) {
   long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-    float v = x[i];
-    unsigned int h, l;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(v));
-    float fh = __uint_as_float(h);
-    if (isinf(fh) && !isinf(v)) fh = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
-    bool fin = isfinite(v);
-    float r = fin ? v - fh : 0.0f;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
-    hi[i] = fin ? fh : v;
-    lo[i] = __uint_as_float(l);
-    hc[i] = fin ? fh : 0.0f;
-  }
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+    tf32_split(x[i], hi[i], lo[i], hc[i]);
 }
 """
 
@@ -119,7 +123,7 @@ def time_on_stream(run, stream: int, reps: int = 5) -> float:
 
 
 def _split_kernel():
-    return raw_kernel(_SPLIT_SOURCE, "split_tf32")
+    return raw_kernel(SPLIT_DEVICE + _SPLIT_SOURCE, "split_tf32")
 
 
 def span(lay: Layout) -> int:

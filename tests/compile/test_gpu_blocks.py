@@ -182,36 +182,79 @@ def test_tf32x3_is_kept_only_where_timed_faster():
     assert plan.precision == faster and len(plan.mms) == (3 if faster == "tf32x3" else 1)
 
 
-def test_tf32x3_convolutions_are_as_accurate_as_float32(always_split):
-    """Convolutions under tf32x3: three TF32 tensor-core cuDNN convolutions of split operands
-    plus the corrections' sum, float32-level error against float64, with and without a
-    bias, replayed."""
+def _conv_fn(opts, **kw):
+    torch._dynamo.reset()
+    return torch.compile(
+        lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **kw),
+        backend="saturn",
+        options=opts,
+        dynamic=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(bias=False, kw=dict(padding=1)),
+        dict(bias=True, kw=dict(padding=1)),
+        dict(bias=True, kw=dict(stride=2, groups=2), channels_last=True),
+        # channel counts that are not multiples of 4: the kernels' scalar paths
+        dict(bias=True, kw=dict(padding=2, dilation=2), channels=(6, 10)),
+    ],
+)
+def test_tf32x3_convolutions_are_as_accurate_as_float32(always_split, case):
+    """Convolutions under tf32x3: two TF32 tensor-core cuDNN convolutions of the split
+    operands' halves (channels-last, per group) and their sum: float32-level error against
+    float64, with and without a bias, with groups, strides, dilation, a channels-last
+    image and odd channel counts, and replayed."""
     from saturn.codegen.conv import SplitConvPlan
 
     torch.manual_seed(5)
-    x, w, b = torch.randn(4, 32, 20, 20), torch.randn(48, 32, 3, 3), torch.randn(48)
-    for bias in (None, b):
-        b64 = None if bias is None else bias.double()
-        want = torch.nn.functional.conv2d(x.double(), w.double(), b64, padding=1)
-        errs = {}
-        for opts in ({}, {"tf32x3": True}):
-            torch._dynamo.reset()
-            compiles = backend.CACHE.compiles
-            fn = torch.compile(
-                lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
-                backend="saturn",
-                options=opts,
-                dynamic=False,
-            )
-            bb = None if bias is None else bias.to(GPU)
-            for _ in range(3):  # the third call replays the captured graph
-                got = fn(x.to(GPU), w.to(GPU), bb).cpu().double()
-            errs[tuple(opts)] = (got - want).abs().max().item()
-            if opts == {"tf32x3": True}:
-                (recipe,) = recipes_of(compiles)
-                ((_, plan),) = recipe.runner.plans.values()
-                assert isinstance(plan, SplitConvPlan) and recipe.runner.replays >= 1
-        assert errs[("tf32x3",)] < 4 * errs[()] < 1e-3, errs
+    kw = case["kw"]
+    cin, cout = case.get("channels", (32, 48))
+    x, b = torch.randn(4, cin, 20, 20), torch.randn(cout)
+    w = torch.randn(cout, cin // kw.get("groups", 1), 3, 3)
+    if case.get("channels_last"):
+        x = x.contiguous(memory_format=torch.channels_last)
+    bias = b if case["bias"] else None
+    b64 = None if bias is None else bias.double()
+    want = torch.nn.functional.conv2d(x.double(), w.double(), b64, **kw)
+    errs = {}
+    for opts in ({}, {"tf32x3": True}):
+        compiles = backend.CACHE.compiles
+        fn = _conv_fn(opts, **kw)
+        bb = None if bias is None else bias.to(GPU)
+        for _ in range(3):  # the third call replays the captured graph
+            got = fn(x.to(GPU), w.to(GPU), bb).cpu().double()
+        errs[tuple(opts)] = (got - want).abs().max().item()
+        if opts == {"tf32x3": True}:
+            (recipe,) = recipes_of(compiles)
+            ((_, plan),) = recipe.runner.plans.values()
+            assert isinstance(plan, SplitConvPlan) and recipe.runner.replays >= 1
+            assert plan.main.tuned is not None and plan.corr.tuned is not None
+    assert errs[("tf32x3",)] < 4 * errs[()] < 1e-3, errs
+
+
+def test_tf32x3_convolutions_keep_infinities_and_nan_as_float32_does(always_split):
+    """An infinity or a NaN in the image reaches exactly the outputs whose window reads it
+    (the corrections read hc, which has neither), as in a float32 convolution."""
+    from saturn.codegen.conv import SplitConvPlan
+
+    torch.manual_seed(6)
+    x, w = torch.randn(2, 8, 12, 12), torch.rand(16, 8, 3, 3) + 0.1  # positive weights
+    x[0, 2, 4, 4] = float("inf")
+    x[1, 5, 7, 2] = float("nan")
+    x[1, 1, 0, 0] = 3.4e38  # rounds up past float32's largest value: truncated instead
+    w[:, 1] *= 0.5  # so that its products stay finite
+    compiles = backend.CACHE.compiles
+    got = _conv_fn({"tf32x3": True}, padding=1)(x.to(GPU), w.to(GPU), None).cpu()
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert isinstance(plan, SplitConvPlan)
+    want = torch.nn.functional.conv2d(x, w, padding=1)
+    assert want.isinf().any() and want.isnan().any()
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got.isnan(), want.isnan())
+    finite = want.isfinite()
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
 
 
 def test_tf32x3_keeps_infinities_and_nan_as_float32_does(always_split):
