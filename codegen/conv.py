@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import SPLIT_DEVICE, Layout, span
+from .gemm import SPLIT_DEVICE, Layout, span, time_on_stream
 
 
 class ConvError(RuntimeError):
@@ -139,7 +139,7 @@ class ConvPlan:
         self.graph = g
         self.uids = tuple(tt.get_uid() for tt in tensors)
         self.workspace_size = int(g.get_workspace_size())
-        self.tuned: tuple[float, int, int] | None = None  # (ms for 3 runs, plan index, workspace)
+        self.tuned: tuple[float, int, int] | None = None  # (ms per call, plan index, workspace)
         self.candidates = 0  # plans the last autotune timed
         self.timings: dict[str, float] = {}  # ms per call, when tf32x3 was timed against it
 
@@ -147,12 +147,10 @@ class ConvPlan:
         """Time the first ``candidates`` ranked plans that build on this call's own buffers
         (the output is overwritten by the real run that follows) and keep the fastest.
         Plans the numeric notes deselected (TF32 engines in a float32 plan) do not build
-        and are not counted. Each candidate is timed twice, in ranked and then in reverse
-        order, and the two times summed: a GPU whose clock is still rising would otherwise
-        favour the last ones. ``workspace_for(nbytes)`` returns a device address with that
+        and are not counted. Each candidate's device time (``time_on_stream``) is taken
+        twice, in ranked and then in reverse order, and the two summed: a GPU whose clock is
+        still rising would otherwise favour the last ones. ``workspace_for(nbytes)`` returns a device address with that
         many bytes (the largest request is allocated before any timing)."""
-        from cuda.bindings import driver as drv
-
         g = self.graph
         built: list[tuple[int, int]] = []  # (plan index, workspace bytes)
         for i in range(g.get_execution_plan_count()):
@@ -177,26 +175,16 @@ class ConvPlan:
                 continue
             runnable.append((i, need))
         self.candidates = len(runnable)
-        start, stop = drv.cuEventCreate(0)[1], drv.cuEventCreate(0)[1]
         total = {i: 0.0 for i, _ in runnable}
-        try:
-            for order in (runnable, runnable[::-1]):
-                for i, _ in order:
-                    drv.cuEventRecord(start, self.stream)
-                    for _ in range(3):
-                        once(i)
-                    drv.cuEventRecord(stop, self.stream)
-                    drv.cuEventSynchronize(stop)
-                    total[i] += drv.cuEventElapsedTime(start, stop)[1]
-        finally:
-            drv.cuEventDestroy(start)
-            drv.cuEventDestroy(stop)
+        for order in (runnable, runnable[::-1]):
+            for i, _ in order:
+                total[i] += time_on_stream(lambda i=i: once(i), self.stream, reps=3)
         if runnable:
             i, need = min(runnable, key=lambda r: total[r[0]])
             g.select_plan(i)
             g.build_plans()
             self.workspace_size = need
-            self.tuned = (total[i] / 2, i, need)
+            self.tuned = (total[i] / 2, i, need)  # ms per call
 
     def run(self, ptrs: tuple[int, ...], workspace: int) -> None:
         """``ptrs``: x, w, [bias,] out, in the plan's order."""
@@ -213,23 +201,35 @@ class ConvPlan:
 # going to rest's g*2Cg + slot*Cg + c%Cg, slots (lo, hc) for the image and (hc, lo) for the
 # weight (``swap``), so that the sum over rest's channels is x_lo w_hc + x_hc w_lo. Writes are
 # 16 bytes at a time where the channels per group are a multiple of 4 (the buffers are
-# 16-byte aligned).
+# 16-byte aligned), reads where ``packed`` says the source's h, w are packed and aligned.
 #
 # add_nhwc: out[n, k, h, w] (any strides) = a[n, h, w, k] + b[n, h, w, k], read 16 bytes at
 # a time where K is a multiple of 4.
 _NHWC_SOURCE = r"""
 extern "C" __global__ void split_tf32_nhwc(const float* x, float* hi_out, float* rest_out,
                                            int C, int H, int W, int cg, int swap,
-                                           long long sn, long long sc, long long sh,
-                                           long long sw) {
+                                           int packed, long long sn, long long sc,
+                                           long long sh, long long sw) {
   __shared__ float tile[32][33];
   int hw0 = blockIdx.x * 32, c0 = blockIdx.y * 32, HW = H * W;
   long long n = blockIdx.z;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    int c = c0 + j, hw = hw0 + threadIdx.x;
+  if (packed) {  // h, w packed, 16-byte aligned: four positions per thread
+    int t = threadIdx.y * 32 + threadIdx.x, cl = t / 8, hl = (t % 8) * 4;
+    int c = c0 + cl, hw = hw0 + hl;
     if (c < C && hw < HW) {
-      int h = hw / W, w = hw - h * W;
-      tile[j][threadIdx.x] = x[n * sn + c * sc + h * sh + w * sw];
+      float4 v = *(const float4*)(x + n * sn + c * sc + hw);
+      tile[cl][hl] = v.x;
+      tile[cl][hl + 1] = v.y;
+      tile[cl][hl + 2] = v.z;
+      tile[cl][hl + 3] = v.w;
+    }
+  } else {
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      int c = c0 + j, hw = hw0 + threadIdx.x;
+      if (c < C && hw < HW) {
+        int h = hw / W, w = hw - h * W;
+        tile[j][threadIdx.x] = x[n * sn + c * sc + h * sh + w * sw];
+      }
     }
   }
   __syncthreads();
@@ -335,21 +335,26 @@ class _ChannelsLastSplit:
         if (self.hi.data_ptr() | self.rest.data_ptr()) % 16:  # 16-byte writes
             raise ConvError("tf32x3 convolutions need 16-byte aligned buffers")
         self.src_span = span(lay)
-        self.args = (
+        sn, sc, sh, sw = lay.strides
+        # reads 16 bytes at a time from a source whose h, w are packed (and 16-byte aligned)
+        self.packable = sw == 1 and sh == w and (h * w) % 4 == sc % 4 == sn % 4 == 0
+        self.head = (
             _flat_f32(self.hi.data_ptr(), n * c * h * w),
             _flat_f32(self.rest.data_ptr(), 2 * n * c * h * w),
             *(np.int32(a) for a in (c, h, w, c // groups, int(swap))),
-            *(np.int64(a) for a in lay.strides),
         )
-        self._src: tuple[int, object] | None = None  # the last source pointer and its array
+        self.strides = tuple(np.int64(a) for a in lay.strides)
+        self._src: tuple[int, tuple] | None = None  # the last source pointer, its arguments
 
     def run(self, src: int, stream: int) -> None:
         import cupy
 
         if self._src is None or self._src[0] != src:
-            self._src = (src, _flat_f32(src, self.src_span))
+            packed = np.int32(self.packable and src % 16 == 0)
+            args = (_flat_f32(src, self.src_span), *self.head, packed, *self.strides)
+            self._src = (src, args)
         with cupy.cuda.ExternalStream(stream):
-            _nhwc_kernel("split_tf32_nhwc")(self.grid, (32, 8), (self._src[1], *self.args))
+            _nhwc_kernel("split_tf32_nhwc")(self.grid, (32, 8), self._src[1])
 
 
 class SplitConvPlan:
