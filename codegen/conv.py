@@ -149,8 +149,9 @@ class ConvPlan:
         Plans the numeric notes deselected (TF32 engines in a float32 plan) do not build
         and are not counted. Each candidate's device time (``time_on_stream``) is taken
         twice, in ranked and then in reverse order, and the two summed: a GPU whose clock is
-        still rising would otherwise favour the last ones. ``workspace_for(nbytes)`` returns a device address with that
-        many bytes (the largest request is allocated before any timing)."""
+        still rising would otherwise favour the last ones. ``workspace_for(nbytes)`` returns
+        a device address with that many bytes (the largest request is allocated before any
+        timing)."""
         g = self.graph
         built: list[tuple[int, int]] = []  # (plan index, workspace bytes)
         for i in range(g.get_execution_plan_count()):
