@@ -311,6 +311,8 @@ def _nhwc_kernel(name: str):
 
 def _grid(lay: Layout) -> tuple[int, int, int]:
     n, c, h, w = lay.shape
+    if 0 in lay.shape:
+        raise ConvError(f"tf32x3 convolutions: empty operand {list(lay.shape)}")
     if n > 65535 or c > 65535 * 32 or h * w >= 2**31:
         raise ConvError(f"tf32x3 convolutions: operand {list(lay.shape)} is too large")
     return ((h * w + 31) // 32, (c + 31) // 32, n)
@@ -367,10 +369,10 @@ class SplitConvPlan:
     ``out = main + corr`` in ``out``'s layout. Products of TF32 values are exact and
     accumulate in float32.
 
-    Why not one convolution over ``[x_hi, x_lo, x_hc]``: the tensor cores' float32
-    accumulation truncates, and each step costs up to an ulp of the running sum; three
-    times as many steps on the main sum measured eight times float32's error (3.9e-5 vs
-    4.7e-6, 8x64x56x56, 3x3), the two-convolution form 1.8x.
+    Why not one convolution over ``[x_hi, x_lo, x_hc]``: it measured eight times
+    float32's error (3.9e-5 vs 4.7e-6, 8x64x56x56, 3x3), the two-convolution form 1.8x;
+    consistent with the tensor cores' float32 accumulation truncating at each step and
+    three times as many steps on the main sum (docs/decisions/0017).
 
     The same ``autotune``/``run`` interface as ``ConvPlan``; ``alloc(nbytes)`` gives device
     memory the plan keeps (the halves and the two results)."""

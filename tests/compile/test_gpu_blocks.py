@@ -4,6 +4,7 @@ CUDA-graph replay, against eager PyTorch on the CPU, with proof of where the wor
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -233,6 +234,48 @@ def test_tf32x3_convolutions_are_as_accurate_as_float32(always_split, case):
             assert isinstance(plan, SplitConvPlan) and recipe.runner.replays >= 1
             assert plan.main.tuned is not None and plan.corr.tuned is not None
     assert errs[("tf32x3",)] < 4 * errs[()] < 1e-3, errs
+
+
+def test_tf32x3_convolution_is_kept_only_where_timed_faster():
+    """By default the split convolution and the float32 one are both timed (device time) on
+    the first call's operands and the faster is kept; either way the result is float32's."""
+    from saturn.codegen.conv import ConvPlan, SplitConvPlan
+
+    torch.manual_seed(7)
+    x, w = torch.randn(2, 16, 14, 14), torch.randn(16, 16, 3, 3)
+    compiles = backend.CACHE.compiles
+    got = _conv_fn({"tf32x3": True}, padding=1)(x.to(GPU), w.to(GPU), None).cpu()
+    torch.testing.assert_close(
+        got, torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5
+    )
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert set(plan.timings) == {"tf32x3", "fp32"}
+    faster = min(plan.timings, key=plan.timings.get)
+    assert isinstance(plan, SplitConvPlan if faster == "tf32x3" else ConvPlan)
+
+
+def test_plan_timing_counts_device_work_not_host_time():
+    """``time_on_stream`` holds the stream busy while the timed calls are enqueued: a call
+    that spends 5 ms on the host to enqueue 50 us of device work measures about 50 us (a
+    hundredfold margin either side: this checks what is measured, not a speed)."""
+    import numpy as np
+
+    from saturn.codegen.gemm import _SPIN_SOURCE, raw_kernel, time_on_stream
+
+    stream = torch.saturn.stream_handle(torch.device(GPU))
+    spin = raw_kernel(_SPIN_SOURCE, "spin")
+
+    def run(host_s: float, device_ns: int) -> None:
+        import cupy
+
+        time.sleep(host_s)
+        with cupy.cuda.ExternalStream(stream):
+            spin((1,), (1,), (np.int64(device_ns),))
+
+    slow_host = time_on_stream(lambda: run(5e-3, 50_000), stream, reps=3)
+    assert 0.04 <= slow_host < 0.5, slow_host  # ms: the device's 50 us, not the host's 5 ms
+    slow_device = time_on_stream(lambda: run(0.0, 2_000_000), stream, reps=3)
+    assert slow_device >= 1.9, slow_device  # 2 ms of device work is counted
 
 
 def test_tf32x3_convolutions_keep_infinities_and_nan_as_float32_does(always_split):
