@@ -122,6 +122,7 @@ class _Importer:
         self.host_calls: dict[str, HostCall] = {}
         self.fx_names: dict[str, str] = {}
         self.custom_nodes: dict[str, int] = {}  # node -> tensor operands (device custom ops)
+        self.results: dict[str, tuple[str, ...]] = {}  # a multi-result node -> each result
         self.count = 0
 
     def fresh(self, stem: str) -> str:
@@ -312,6 +313,8 @@ class _Importer:
 
     def getitem(self, node: torch.fx.Node) -> str:
         src, index = node.args
+        if src.name in self.results:  # lowered to one graph node per result
+            return self.results[src.name][index]
         base = self.env[src.name]
         b = self.g.nodes[base]
         if b.op != "Opaque":  # a row op whose result 0 is the only one read (layer/batch norm)
@@ -616,14 +619,25 @@ def _only_first_result_used(node: torch.fx.Node) -> bool:
 
 
 def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
+    """native_layer_norm(x, shape, w, b, eps) -> (y, mean, rstd). y is a LayerNorm node. When
+    mean or rstd is read too (a training forward saves them for the backward), they are
+    ``Mean(x)`` and ``Rsqrt(Var(x, correction 0) + eps)`` over the normalized dims, kept,
+    exactly PyTorch's definitions (biased variance); the layer norm's decomposition builds
+    the same terms, so the e-graph shares them. Declined where PyTorch computes the
+    statistics in another dtype than x's (half precision inputs)."""
     x, normalized, w, b, eps = node.args
-    if w is None or b is None or not _only_first_result_used(node):
+    if w is None or b is None:
         return None
     xn = imp.g.nodes[imp.env[x.name]]
     rank = len(xn.shape)
     dims = tuple(range(rank - len(normalized), rank))
     dtype, shape = _tensor_type(node, _meta(node)[0])
-    return imp.add(
+    extra = not _only_first_result_used(node)
+    if extra:
+        stats = [_tensor_type(node, v) for v in _meta(node)[1:]]
+        if dtype not in ot.FLOATS or any(d != dtype for d, _ in stats):
+            return None
+    y = imp.add(
         Node(
             node.name,
             "LayerNorm",
@@ -634,6 +648,16 @@ def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
         ),
         node.name,
     )
+    if extra:
+        (_, mshape), (_, rshape) = stats
+        mean = imp.add(Node(imp.fresh("ln_mean"), "Mean", (xn.name,), (dims, 1), dtype, mshape))
+        var = imp.add(Node(imp.fresh("ln_var"), "Var", (xn.name,), (dims, 0, 1), dtype, rshape))
+        shifted = imp.add(
+            Node(imp.fresh("ln_var_eps"), "Add", (var, imp.scalar(eps, dtype)), (), dtype, rshape)
+        )
+        rstd = imp.add(Node(imp.fresh("ln_rstd"), "Rsqrt", (shifted,), (), dtype, rshape))
+        imp.results[node.name] = (y, mean, rstd)
+    return y
 
 
 def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
@@ -695,7 +719,77 @@ def _h_pow(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _h_select(imp: _Importer, node: torch.fx.Node):
+    """select(x, dim, i): the slice [i, i + 1) along dim, viewed without that axis (views,
+    exact for every value). A negative or symbolic index is declined (kept as the call)."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    dim, index = node.args[1], node.args[2]
+    if not isinstance(dim, int) or not isinstance(index, int) or not xn.shape:
+        return None
+    dim %= len(xn.shape)
+    if not 0 <= index < xn.shape[dim]:
+        return None
+    dtype, shape = _tensor_type(node)
+    one = (*xn.shape[:dim], 1, *xn.shape[dim + 1 :])
+    sliced = imp.add(
+        Node(imp.fresh("select"), "Slice", (xn.name,), (dim, index, index + 1, 1), dtype, one)
+    )
+    return imp.add(Node(node.name, "View", (sliced,), (shape,), dtype, shape), node.name)
+
+
+def _h_logical_not(imp: _Importer, node: torch.fx.Node):
+    """logical_not(x) = (x == 0): true exactly for false, +0.0 and -0.0 (NaN is truthy, and
+    NaN == 0 is false; infinities are nonzero)."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    dtype, shape = _tensor_type(node)
+    if dtype != "bool" or node.kwargs:
+        return None
+    zero = imp.scalar(0, xn.dtype)
+    return imp.add(Node(node.name, "Eq", (xn.name, zero), (), dtype, shape), node.name)
+
+
+def _h_any(imp: _Importer, node: torch.fx.Node):
+    """any(x, dims, keepdim) over booleans = (number of trues > 0), the count an int64 Sum
+    (exact: no reduction holds 2^63 elements). Other dtypes are declined."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    if xn.dtype != "bool" or not xn.shape:
+        return None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    dtype, shape = _tensor_type(node)
+    count = imp.add(
+        Node(
+            imp.fresh("any_count"),
+            "Sum",
+            (xn.name,),
+            (_dims(node, len(xn.shape), dims), int(bool(keepdim))),
+            "i64",
+            shape,
+        )
+    )
+    return imp.add(
+        Node(node.name, "Gt", (count, imp.scalar(0, "i64")), (), dtype, shape), node.name
+    )
+
+
+def _h_full_like(imp: _Importer, node: torch.fx.Node):
+    """full_like(x, v): v broadcast to x's shape in the result's dtype (x's values unread)."""
+    value = node.args[1]
+    if not isinstance(value, int | float | bool):
+        return None
+    dtype, shape = _tensor_type(node)
+    if dtype not in ot.FLOATS + ot.INTS:
+        return None
+    c = imp.scalar(value, dtype)
+    return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
+
+
 _HANDLERS = {
+    "aten.select.int": _h_select,
+    "aten.logical_not.default": _h_logical_not,
+    "aten.any.dim": _h_any,
+    "aten.any.dims": _h_any,
+    "aten.full_like.default": _h_full_like,
     "aten.add.Tensor": _h_binary_alpha("Add"),
     "aten.add.Scalar": _h_binary_alpha("Add"),
     "aten.sub.Tensor": _h_binary_alpha("Sub"),

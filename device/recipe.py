@@ -132,8 +132,9 @@ class Recipe:
                 env[s.output] = prepared[position[s.output]]
             elif s.kind == "const":
                 c = self._consts.get(s.output)
-                if c is None:
-                    c = self._consts[s.output] = const_tensor(s)
+                if c is None:  # made once, where the program reads it
+                    c = const_tensor(s)
+                    c = self._consts[s.output] = c.to(self.device) if s.place == "device" else c
                 env[s.output] = c
             elif s.kind == "crossing" and s.args[0] in position:
                 # an input crossing: reuse the copy while the input is unchanged

@@ -156,6 +156,8 @@ class CostModel:
             kid = en.kids[0]
             if self.io_on_device and op == "ToDev" and _is_leaf(view, kid):
                 return 0.0  # the input already lives on the device
+            if op == "ToDev" and any(e.op == "Scalar" for e in view.classes[kid]):
+                return 0.0  # a scalar constant is made on the device once (see lowering)
             return self.crossing(self.types[kid])
         if op in MOVEMENT:
             return m.view_us
@@ -317,35 +319,49 @@ class _Extractor:
         best: dict[int, Choice],
         classes: list[int],
         forced: dict[int, str],
-        max_passes: int = 8,
+        max_visits: int = 64,
     ) -> dict[int, Choice]:
-        """Passes over ``classes`` bottom-up, re-choosing each, until a pass changes nothing."""
+        """Re-choose ``classes`` bottom-up until nothing changes: one pass over all of them,
+        then a worklist of the parents of every class whose choice changed, lowest first.
+        A change can travel up through many classes (and through a host/device twin back
+        to a class already passed), so full passes stopped after a fixed count could leave
+        a class on a stale, far costlier choice; the worklist follows changes only where
+        they go. ``max_visits`` bounds the visits per class (greedy choices over cycles
+        could in principle keep trading places)."""
         if self._heights is None:
             self._heights = self.heights()
         h = self._heights
-        order = sorted(classes, key=lambda c: (h.get(c, math.inf), c))
-        for _ in range(max_passes):
-            changed = False
-            for cid in order:
-                new = self.best_of(cid, best, forced)
-                old = best.get(cid)
-                if new is None:
-                    if old is not None:
-                        del best[cid]
-                        changed = True
+        key = {c: (h.get(c, math.inf), c) for c in classes}
+        allowed = set(classes)
+        heap = sorted(key[c] for c in classes)
+        queued = set(classes)
+        visits: dict[int, int] = {}
+        while heap:
+            _, cid = heapq.heappop(heap)
+            queued.discard(cid)
+            visits[cid] = visits.get(cid, 0) + 1
+            if visits[cid] > max_visits:
+                continue
+            new = self.best_of(cid, best, forced)
+            old = best.get(cid)
+            if new is None:
+                if old is None:
                     continue
-                if (
-                    old is not None
-                    and new.enode == old.enode
-                    and abs(new.total - old.total) <= 1e-9 * max(1.0, abs(old.total))
-                ):
-                    continue
+                del best[cid]
+            elif (
+                old is not None
+                and new.enode == old.enode
+                and abs(new.total - old.total) <= 1e-9 * max(1.0, abs(old.total))
+            ):
+                continue
+            else:
                 best[cid] = new
                 if not self.is_expr[cid]:
                     self.own_vec[self.index[cid]] = new.own
-                changed = True
-            if not changed:
-                break
+            for p in self.parents[cid]:
+                if p in allowed and p not in queued:
+                    queued.add(p)
+                    heapq.heappush(heap, key[p])
         return best
 
     def ancestors(self, cid: int) -> list[int]:

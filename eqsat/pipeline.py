@@ -59,4 +59,8 @@ def device_twin(view: EGraphView, cid: int, place: dict[int, str]) -> int:
     for en in view.classes[cid]:
         if en.op == "ToHost":
             return en.kids[0]
+    # a host value with no ToHost form (a view of an input): the class copying it over
+    for c, enodes in view.classes.items():
+        if any(en.op == "ToDev" and en.kids == (cid,) for en in enodes):
+            return c
     return cid

@@ -242,6 +242,12 @@ class _Lowering:
             )
         if en.op == "Scalar":
             return self.emit(Step("const", out, "Scalar", attrs=en.attrs, dtype=dtype, shape=()))
+        if en.op == "ToDev" and self._constant(en.kids[0]):
+            # a scalar constant is made on the device once, not copied there on every call
+            kid = self.best[en.kids[0]].enode
+            return self.emit(
+                Step("const", out, "Scalar", attrs=kid.attrs, dtype=dtype, shape=(), place=DEVICE)
+            )
         if en.op in ("ToDev", "ToHost"):
             src = self.value(en.kids[0])
             if self.io_on_device and en.op == "ToDev" and self._leaf(en.kids[0]):
@@ -323,6 +329,10 @@ class _Lowering:
 
     def _leaf(self, cid: int) -> bool:
         return any(e.op in ("Input", "Param") for e in self.view.classes[cid])
+
+    def _constant(self, cid: int) -> bool:
+        choice = self.best.get(cid)
+        return choice is not None and choice.enode.op == "Scalar"
 
     def tlist(self, cid: int) -> list[int]:
         out = []
@@ -430,7 +440,8 @@ def lower(
     outputs = []
     for r in roots:
         v = low.value(r)
-        if io_on_device and place.get(r) == "host":  # the caller expects device outputs
+        # the caller expects device outputs; an input returned as an output already is one
+        if io_on_device and place.get(r) == "host" and not low._leaf(r):
             key = ("to-dev-out", r)
             if key not in low.done_extra:
                 dtype, shape = types[r]

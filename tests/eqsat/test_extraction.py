@@ -1,0 +1,93 @@
+"""Extraction and lowering of GPU programs with inputs and outputs in device memory: no
+crossing for a value already on the device (an input returned as an output, a view of an
+input, a scalar constant), and the greedy choice followed to its fixpoint (a change can
+travel up many classes, through host/device twins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.pipeline import compile_graph
+
+CASES = Path(__file__).parent / "cases"
+
+
+def program(text: str):
+    graph = parse_graph(text)
+    return graph, compile_graph(graph, machine="gpu", io_on_device=True).program
+
+
+def crossings(prog) -> list[str]:
+    return [s.output for s in prog.steps if s.kind == "crossing"]
+
+
+def host_steps(prog) -> list[str]:
+    return [s.op for s in prog.steps if s.kind == "host"]
+
+
+def check_values(graph, prog, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for n in graph.inputs():
+        if n.dtype == "bool":
+            inputs[n.name] = rng.random(n.shape) < 0.5
+            continue
+        x = rng.standard_normal(n.shape) * 2
+        special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
+        x = np.where(rng.random(n.shape) < 0.05, rng.choice(special, size=n.shape), x)
+        inputs[n.name] = x.astype(ev.np_dtype(n.dtype))
+    want = ev.eval_graph(graph, inputs)
+    got = ev.eval_program(prog, inputs)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_an_input_returned_as_an_output_does_not_cross():
+    """A training forward returns weights it saves for the backward: already on the device,
+    whether a kernel reads them there (w) or nothing else reads them (u)."""
+    graph, prog = program(
+        "(input x f32 [4 8])\n(param w f32 [8])\n(param u f32 [2])\n(let y (Add x w))\n"
+        "(output y w u)\n"
+    )
+    assert crossings(prog) == []
+    for i, name in ((1, "w"), (2, "u")):
+        (step,) = [s for s in prog.steps if s.kind == "input" and s.op == name]
+        assert prog.outputs[i] == step.output and step.place == "device"
+    check_values(graph, prog)
+
+
+def test_a_view_of_an_input_returned_as_an_output_is_a_device_view():
+    graph, prog = program(
+        "(input x f32 [3 8])\n(param w f32 [4 8])\n(let t (Permute w [1 0]))\n"
+        "(let y (MatMul x t))\n(output y t)\n"
+    )
+    assert crossings(prog) == []
+    out = next(s for s in prog.steps if s.output == prog.outputs[1])
+    assert out.kind == "view" and out.place == "device"
+    check_values(graph, prog)
+
+
+def test_a_scalar_read_as_a_tensor_is_a_device_constant():
+    """full_like(x, 0) is a broadcast scalar: made on the device once, not copied there on
+    every call (a copy inside the program would also stop CUDA-graph replay)."""
+    graph, prog = program(
+        "(input c bool [4 5])\n(input x f32 [4 5])\n(let sm (Softmax x 1))\n"
+        "(let z (Expand (Scalar 0.0 f32) [4 5]))\n(let r (Where c z sm))\n(output r)\n"
+    )
+    assert crossings(prog) == [] and host_steps(prog) == []
+    assert [s.place for s in prog.steps if s.kind == "const"] == ["device"]
+    check_values(graph, prog)
+
+
+def test_extraction_settles_where_a_change_travels_far():
+    """The safe softmax's mask chain before a layer norm (a training forward): every class
+    is re-chosen until nothing changes. Stopped after eight passes, the layer norm was
+    left on the host with four crossings, its device form not yet seen as cheaper."""
+    text = (CASES / "training_attention_norm.graph").read_text()
+    graph, prog = program(text)
+    assert host_steps(prog) == [] and crossings(prog) == []
+    check_values(graph, prog)
