@@ -488,7 +488,8 @@ def _h_expand(imp: _Importer, node: torch.fx.Node):
 
 
 def _h_full(imp: _Importer, node: torch.fx.Node):
-    """full(size, value): the scalar broadcast to the result's (known) shape."""
+    """full(size, value) and full_like(x, value): the scalar broadcast to the result's
+    (known) shape, in the result's dtype (full_like reads only x's shape)."""
     value = node.args[1]
     if not isinstance(value, int | float | bool):
         return None
@@ -772,24 +773,12 @@ def _h_any(imp: _Importer, node: torch.fx.Node):
     )
 
 
-def _h_full_like(imp: _Importer, node: torch.fx.Node):
-    """full_like(x, v): v broadcast to x's shape in the result's dtype (x's values unread)."""
-    value = node.args[1]
-    if not isinstance(value, int | float | bool):
-        return None
-    dtype, shape = _tensor_type(node)
-    if dtype not in ot.FLOATS + ot.INTS:
-        return None
-    c = imp.scalar(value, dtype)
-    return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
-
-
 _HANDLERS = {
     "aten.select.int": _h_select,
     "aten.logical_not.default": _h_logical_not,
     "aten.any.dim": _h_any,
     "aten.any.dims": _h_any,
-    "aten.full_like.default": _h_full_like,
+    "aten.full_like.default": _h_full,
     "aten.add.Tensor": _h_binary_alpha("Add"),
     "aten.add.Scalar": _h_binary_alpha("Add"),
     "aten.sub.Tensor": _h_binary_alpha("Sub"),

@@ -3,13 +3,13 @@ one kernel in GPU programs, and the pass declines where a reduction is needed el
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from saturn.eqsat import evaluate as ev
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 from saturn.eqsat.program import ROWS_MAX, leaves
+
+from .values import check_values
 
 
 def program(text: str, machine: str = "gpu"):
@@ -19,21 +19,6 @@ def program(text: str, machine: str = "gpu"):
 
 def kinds(prog) -> list[str]:
     return [k.kind for k in prog.kernels]
-
-
-def check_values(graph, prog, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    inputs = {}
-    for n in graph.inputs():
-        x = rng.standard_normal(n.shape) * 4
-        # both zeros, infinities and NaN among the inputs
-        special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0])
-        x = np.where(rng.random(n.shape) < 0.05, rng.choice(special, size=n.shape), x)
-        inputs[n.name] = x.astype(ev.np_dtype(n.dtype))
-    want = ev.eval_graph(graph, inputs)
-    got = ev.eval_program(prog, inputs)
-    for w, g in zip(want, got, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_softmax_is_one_rows_kernel_with_two_stages():
