@@ -110,3 +110,33 @@ def test_layer_norm_statistics_of_a_training_forward_run_as_kernels():
     forward = list(backend.CACHE.items.values())[-2]
     assert host_ops(forward.compiled.program) == []
     assert "aten.native_layer_norm" not in forward.imported.graph.to_text()
+
+
+def test_layer_norm_statistics_in_another_dtype_stay_the_call():
+    """bfloat16 input on saturn's device: PyTorch types mean and rstd float32 (as on CUDA),
+    which Mean and Var of x (in x's dtype) are not, so the importer keeps
+    native_layer_norm as the op's own call. (On the CPU they are bfloat16, and lowered.)"""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.importer import import_graph
+
+    texts = []
+
+    def capture(gm, _example):
+        texts.append(import_graph(gm).graph.to_text())
+        return gm.forward
+
+    torch._dynamo.reset()
+    x, w, b = (
+        torch.randn(s, dtype=torch.bfloat16).to(DEV).requires_grad_() for s in ((4, 16), 16, 16)
+    )
+    fn = torch.compile(
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (16,), w, b) * x,
+        backend=aot_autograd(fw_compiler=capture, decompositions=decompositions.table()),
+        dynamic=False,
+    )
+    fn(x, w, b)
+    (forward,) = texts
+    assert '(Opaque "aten.native_layer_norm.default' in forward
+    assert "(Mean " not in forward and "(LayerNorm " not in forward
