@@ -241,7 +241,7 @@ class Recipe:
         if s.kind == "host":
             stats.host_ops += 1
             args = [self._host_arg(env[a]) for a in s.args]
-            return run_host(s.op, args, s.attrs, self.host_calls)
+            return _traced_float(run_host(s.op, args, s.attrs, self.host_calls), s.dtype)
         stats.launches += 1
         return self._kernel(s, [env[o.value] for o in s.kernel.inputs])
 
@@ -289,3 +289,14 @@ class Recipe:
             raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")
         dest.copy_(r)
         return out
+
+
+def _traced_float(r, dtype: str):
+    """A host step's tensor in the floating dtype the graph was traced with. The CPU kernel
+    may keep a reduced-precision input's dtype where the device's typing (which the trace
+    used) widens: ``native_layer_norm`` of bfloat16 returns bfloat16 statistics on the CPU
+    and float32 ones on a GPU. Other dtype differences are left for the output check."""
+    if not (isinstance(r, torch.Tensor) and dtype and r.dtype.is_floating_point):
+        return r
+    want = TORCH_DTYPES.get(dtype)
+    return r.to(want) if want is not None and want.is_floating_point and want != r.dtype else r

@@ -140,3 +140,29 @@ def test_layer_norm_statistics_in_another_dtype_stay_the_call():
     (forward,) = texts
     assert '(Opaque "aten.native_layer_norm.default' in forward
     assert "(Mean " not in forward and "(LayerNorm " not in forward
+
+
+def test_bfloat16_layer_norm_trains_through_its_host_call():
+    """The kept call runs PyTorch's CPU kernel, whose bfloat16 statistics the step casts to
+    the float32 the graph was traced with (before, the output check refused them). Forward
+    and gradients as eager's on the CPU; the statistics came from the host call."""
+    torch.manual_seed(7)
+    ref = torch.nn.LayerNorm(16).to(torch.bfloat16)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    model = torch.nn.LayerNorm(16).to(torch.bfloat16).to(DEV)
+    model.load_state_dict(ref.state_dict())
+    torch._dynamo.reset()
+    xd = x.to(DEV).requires_grad_()
+    got = torch.compile(model, backend="saturn", dynamic=False)(xd)
+    got.float().square().sum().backward()
+    xc = x.clone().requires_grad_()
+    want = ref(xc)
+    want.float().square().sum().backward()
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(model.weight.grad.cpu(), ref.weight.grad, rtol=1e-2, atol=1e-2)
+    forward = list(backend.CACHE.items.values())[-2]
+    assert "aten.native_layer_norm.default" in host_ops(forward.compiled.program)
