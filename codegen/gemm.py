@@ -14,6 +14,13 @@ belongs to the output feature, the column of ``out = a @ b``. So a bias epilogue
 transposed product ``out^T = b^T @ a^T`` into ``out`` seen column-major: the same memory, no
 copy, weights used as stored. Its GELU is the tanh approximation.
 
+cuBLASLt runs its float32 GELU+bias epilogue as a separate pass after the product, slower
+than an elementwise kernel at memory bandwidth (155 against 125 us at 16384x4096, measured).
+So a float32 ``gelu_bias`` plan is made both ways, the library's epilogue and the bias
+epilogue followed by saturn's own tanh-GELU pass over the output in place
+(``GELU_SOURCE``: the formula of the op table's ``GeluTanh``), each timed on the first
+call's operands, and the faster kept (``gelu="timed"``; ``"fused"``/``"separate"`` force one).
+
 float32 computes in float32 (``COMPUTE_32F``) by default. ``precision="tf32"`` lets cuBLASLt
 round the inputs to TF32 (10-bit mantissa). ``precision="tf32x3"`` keeps float32-level
 accuracy on the tensor cores: each operand is split as ``x = hi + lo`` with ``hi`` = x rounded
@@ -147,6 +154,42 @@ def time_on_stream(run, stream: int, reps: int = 5) -> float:
     return cupy.cuda.get_elapsed_time(start, end) / reps
 
 
+# tanh-GELU in place over a dense float32 buffer, the op table's formula operation for
+# operation (GeluTanh: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x * x * x)))), so
+# infinities and NaN come out as PyTorch's: gelu(inf) = inf, gelu(-inf) = NaN. 16-byte
+# accesses when the buffer is 16-byte aligned.
+GELU_SOURCE = r"""
+__device__ __forceinline__ float gelu_t(float v) {
+  return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+extern "C" __global__ void gelu_tanh_inplace(float* x, long long n) {
+  long long step = (long long)gridDim.x * blockDim.x;
+  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  long long head = 0;
+  if ((((unsigned long long)x) & 15ull) == 0) {
+    float4* v = reinterpret_cast<float4*>(x);
+    head = (n >> 2) << 2;
+    for (long long i = tid; i < (n >> 2); i += step) {
+      float4 a = v[i];
+      a.x = gelu_t(a.x); a.y = gelu_t(a.y); a.z = gelu_t(a.z); a.w = gelu_t(a.w);
+      v[i] = a;
+    }
+  }
+  for (long long i = head + tid; i < n; i += step) x[i] = gelu_t(x[i]);
+}
+"""
+GELU_CHOICES = ("timed", "fused", "separate")
+
+
+def _gelu_kernel():
+    return raw_kernel(GELU_SOURCE, "gelu_tanh_inplace")
+
+
+def dense(lay: Layout) -> bool:
+    """Every element of the span is one of the layout's (an in-place pass may sweep it)."""
+    return span(lay) == int(np.prod(lay.shape)) and min(lay.strides, default=1) >= 0
+
+
 def _split_kernel():
     return raw_kernel(SPLIT_DEVICE + _SPLIT_SOURCE, "split_tf32")
 
@@ -194,13 +237,17 @@ class GemmPlan:
         autotune: bool = True,
         alloc=None,
         choose: bool = True,
+        gelu: str = "timed",
     ):
         """``alloc(nbytes)``: device memory the plan keeps (an object with ``data_ptr()``),
         needed by ``tf32x3`` for the operands' halves. With ``choose``, a ``tf32x3`` plan is
         timed against the float32 one on the first call's operands and the faster kept
-        (both give float32-level results; small products lose to the extra launches)."""
+        (both give float32-level results; small products lose to the extra launches).
+        ``gelu``: how a float32 ``gelu_bias`` epilogue runs (see the module's docstring)."""
         if precision not in PRECISIONS:
             raise GemmError(f"unknown GEMM precision {precision!r}; one of {PRECISIONS}")
+        if gelu not in GELU_CHOICES:
+            raise GemmError(f"unknown GELU epilogue choice {gelu!r}; one of {GELU_CHOICES}")
         if epilogue not in EPILOGUES:
             raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
         if (bias is None) != (epilogue == "none"):
@@ -220,6 +267,9 @@ class GemmPlan:
         self.autotune = autotune  # time the candidates on the first call's own operands
         self.transposed = bias is not None
         self._ptrs: tuple[int, ...] | None = None
+        # the GELU applied by saturn's pass after a bias epilogue (instead of cuBLASLt's)
+        self.gelu_separate = False
+        self._gelu_out: tuple[int, object] | None = None  # output pointer and its array
         self.splits: tuple[_Split, _Split] | None = None
         if self.precision == "tf32x3":
             if alloc is None:
@@ -235,8 +285,20 @@ class GemmPlan:
             if self.timings["tf32x3"] < self.timings["fp32"]:
                 self.splits, self.mms = split
                 self.mm = self.mms[-1]
+                self._ptrs = None  # rebind the kept plans on the next call
             else:
                 self.precision = "fp32"
+        if epilogue == "gelu_bias" and out.dtype == "f32" and dense(out) and gelu != "fused":
+            fused = self.mms
+            if gelu == "timed":
+                self.timings["gelu_fused"] = self._time(ptrs)
+            self.gelu_separate = True
+            self._build(ptrs)
+            if gelu == "timed":
+                self.timings["gelu_separate"] = self._time(ptrs)
+                if self.timings["gelu_fused"] <= self.timings["gelu_separate"]:
+                    self.gelu_separate = False
+                    self.mms, self.mm, self._ptrs = fused, fused[-1], None
 
     def _time(self, ptrs: tuple[int, ...], reps: int = 5) -> float:
         return time_on_stream(lambda: self.run(ptrs), self.stream, reps)
@@ -279,7 +341,7 @@ class GemmPlan:
             "none": None,
             "bias": MatmulEpilog.BIAS,
             "relu_bias": MatmulEpilog.RELU_BIAS,
-            "gelu_bias": MatmulEpilog.GELU_BIAS,
+            "gelu_bias": MatmulEpilog.BIAS if self.gelu_separate else MatmulEpilog.GELU_BIAS,
         }[self.epilogue]
         self.mms = []
         try:
@@ -326,3 +388,15 @@ class GemmPlan:
             self._ptrs = ptrs
         for mm in self.mms:
             mm.execute(stream=self.stream)
+        if self.gelu_separate:
+            self._gelu(ptrs[2])
+
+    def _gelu(self, po: int) -> None:
+        import cupy
+
+        n = span(self.layouts[2])
+        if self._gelu_out is None or self._gelu_out[0] != po:
+            self._gelu_out = (po, device_array(po, Layout("f32", (n,), (1,))))
+        blocks = min(max(1, (n // 4 + 255) // 256), 132 * 8)
+        with cupy.cuda.ExternalStream(self.stream):
+            _gelu_kernel()((blocks,), (256,), (self._gelu_out[1], np.int64(n)))

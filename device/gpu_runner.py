@@ -61,6 +61,7 @@ def layout(t: torch.Tensor) -> Layout:
 class GpuRunner:
     # tf32x3 GEMMs are kept only where faster than float32 (tests turn the choice off)
     choose_precision = True
+    gelu_epilogue = "timed"  # codegen.gemm.GELU_CHOICES; tests force one way
 
     def __init__(self, recipe, replay: bool = True, precision: str = "fp32"):
         self.r = recipe
@@ -239,6 +240,7 @@ class GpuRunner:
                     self.precision,
                     alloc=lambda n: self._workspace(n, keep=False),
                     choose=self.choose_precision,
+                    gelu=self.gelu_epilogue,
                 )
                 have = self.plans[s.output] = (key, plan)
             have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))

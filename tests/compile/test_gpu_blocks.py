@@ -117,6 +117,53 @@ def test_gelu_epilogue_folds_only_for_tanh(approximate, epilogue):
     assert bool(loops) == (approximate == "none")  # exact GELU stays a loop after the GEMM
 
 
+@pytest.mark.parametrize("way", ["fused", "separate", "timed"])
+def test_gelu_epilogue_either_way_gives_eager_values(way, monkeypatch):
+    """cuBLASLt's GELU+bias epilogue, or its bias epilogue then saturn's GELU pass: the same
+    values as eager on the CPU, infinities and NaN included (gelu(-inf) is NaN); timed, the
+    faster way is the one kept."""
+    from saturn.gpu_runner import GpuRunner
+
+    monkeypatch.setattr(GpuRunner, "gelu_epilogue", way)
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(approximate="tanh"))
+    # a batch size of its own per way: a cached recipe would bring its own plans
+    x = torch.randn(40 + ["fused", "separate", "timed"].index(way), 256)
+    x[3] = 0.0
+    x[3, 0] = float("inf")  # one infinite term per product: +inf or -inf by the weight's sign
+    x[7, 5] = float("nan")
+    with torch.no_grad():
+        want = model(x)
+        compiles = backend.CACHE.compiles
+        got = compiled_on_gpu(model)(x.to(GPU)).cpu()
+    assert want[3].isinf().any() and want[3].isnan().any() and want[7].isnan().all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert plan.epilogue == "gelu_bias"
+    if way == "timed":
+        t = plan.timings
+        assert plan.gelu_separate == (t["gelu_separate"] < t["gelu_fused"]), t
+    else:
+        assert plan.gelu_separate == (way == "separate")
+
+
+def test_gelu_epilogue_in_float64_stays_the_librarys(monkeypatch):
+    """saturn's GELU pass is float32 only: a float64 plan keeps cuBLASLt's epilogue."""
+    from saturn.gpu_runner import GpuRunner
+
+    monkeypatch.setattr(GpuRunner, "gelu_epilogue", "separate")
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.GELU(approximate="tanh"))
+    model = model.double()
+    x = torch.randn(16, 64, dtype=torch.float64)
+    with torch.no_grad():
+        compiles = backend.CACHE.compiles
+        got = compiled_on_gpu(model)(x.to(GPU)).cpu()
+        torch.testing.assert_close(got, model(x), rtol=1e-7, atol=1e-9)
+    ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
+    assert plan.epilogue == "gelu_bias" and not plan.gelu_separate
+
+
 def test_tf32_option_is_looser_than_float32():
     torch.manual_seed(2)
     a, b = torch.randn(512, 1024), torch.randn(1024, 512)
