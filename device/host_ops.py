@@ -67,6 +67,8 @@ ADAPTERS = {
 
 def call_opaque(call: HostCall, tensors: list):
     args, kwargs = call_args(call, tensors)
+    if "device" in kwargs:  # a factory (arange, zeros, ...): a host step makes it on the host
+        kwargs["device"] = torch.device("cpu")
     return _aten(call.target)(*args, **kwargs)
 
 

@@ -500,6 +500,29 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
 
 
+def _h_arange(imp: _Importer, node: torch.fx.Node):
+    """arange(end) / arange(start, end[, step]) with integer bounds: an ``Arange`` constant
+    (made once where the program reads it), when every value is exact in the result's
+    dtype. Fractional or symbolic bounds stay the op's own call."""
+    bounds = list(node.args)
+    if len(bounds) == 1:
+        bounds = [0, bounds[0]]
+    if len(bounds) == 2:
+        bounds.append(1)
+    if len(bounds) != 3 or not all(type(v) is int for v in bounds) or bounds[2] == 0:
+        return None
+    start, end, step = bounds
+    val = _meta(node)
+    if not isinstance(val, torch.Tensor) or val.dtype not in DTYPES:
+        return None
+    if val.dim() != 1 or type(val.shape[0]) is not int:
+        return None
+    n, dtype = val.shape[0], DTYPES[val.dtype]
+    if n != len(range(start, end, step)) or not ot.arange_exact(start, step, n, dtype):
+        return None
+    return imp.add(Node(node.name, "Arange", (), (start, step, n, dtype), dtype, (n,)), node.name)
+
+
 def _h_alias(imp: _Importer, node: torch.fx.Node):
     """alias(x) is x: in a functional graph the same value."""
     return imp.env[node.args[0].name]
@@ -804,6 +827,9 @@ _HANDLERS = {
     "aten.clone.default": _h_clone,
     "aten.slice.Tensor": _h_slice,
     "aten.full.default": _h_full,
+    "aten.arange.default": _h_arange,
+    "aten.arange.start": _h_arange,
+    "aten.arange.start_step": _h_arange,
     "aten.alias.default": _h_alias,
     "aten.scalar_tensor.default": _h_scalar_tensor,
     "aten._to_copy.default": _h_to_copy,

@@ -20,6 +20,7 @@ import torch
 
 from saturn.codegen import cpu
 from saturn.eqsat import evaluate as ev
+from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import bits_float
 from saturn.eqsat.program import Program, Step
 
@@ -41,7 +42,10 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
 
 
 def const_tensor(s: Step) -> torch.Tensor:
-    """The rank-0 host tensor of a ``const`` step (its float64 bits, in its dtype)."""
+    """The host tensor of a ``const`` step: a scalar (its float64 bits, in its dtype) or an
+    ``Arange`` (the op table's values)."""
+    if s.op == "Arange":
+        return torch.from_numpy(ot.arange_values(*s.attrs))
     return torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
 
 

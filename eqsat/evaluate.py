@@ -127,6 +127,8 @@ def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
             env[n.name] = inputs[n.name]
         elif n.op == "Scalar":
             env[n.name] = scalar(*n.attrs)
+        elif n.op == "Arange":
+            env[n.name] = ot.arange_values(*n.attrs)
         else:
             env[n.name] = apply_op(n.op, [env[a] for a in n.args], n.attrs, n.dtype)
     return [env[o] for o in graph.outputs]
@@ -156,6 +158,8 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
     for s in prog.steps:
         if s.kind == "input":
             env[s.output] = inputs[by_input[s.output]]
+        elif s.kind == "const" and s.op == "Arange":
+            env[s.output] = ot.arange_values(*s.attrs)
         elif s.kind == "const":
             env[s.output] = scalar(*s.attrs)
         elif s.kind == "crossing":

@@ -69,6 +69,8 @@ def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
         row = ot.op(op)
         attrs = en.attrs
         if row.category == ot.LEAF:
+            if op == "Arange":
+                return (en.attrs[3], (en.attrs[2],))
             return (en.attrs[1], ()) if op == "Scalar" else None
     dtype = tyr.result_dtype(row, [k[0] for k in kids], attrs)
     shape = tyr.shape_of(row, [k[1] for k in kids], attrs)
@@ -150,14 +152,14 @@ class CostModel:
         m = self.machine
         t = self.types.get(cid)
         op = en.op
-        if op in ("Input", "Param", "Scalar", "NoBias", "TNil", "TCons", "Item"):
+        if op in ("Input", "Param", "Scalar", "Arange", "NoBias", "TNil", "TCons", "Item"):
             return 0.0
         if op in ("ToDev", "ToHost"):
             kid = en.kids[0]
             if self.io_on_device and op == "ToDev" and _is_leaf(view, kid):
                 return 0.0  # the input already lives on the device
-            if op == "ToDev" and any(e.op == "Scalar" for e in view.classes[kid]):
-                return 0.0  # a scalar constant is made on the device once (see lowering)
+            if op == "ToDev" and any(e.op in ot.CONSTANTS for e in view.classes[kid]):
+                return 0.0  # a constant is made on the device once (see lowering)
             return self.crossing(self.types[kid])
         if op in MOVEMENT:
             return m.view_us
@@ -510,7 +512,9 @@ def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> li
             for k in frontier:
                 if k in stop or k in inner:
                     continue
-                if all(e.op == "Scalar" for e in view.classes[k]) or view.sort.get(k) != "Tensor":
+                if view.sort.get(k) != "Tensor":
+                    continue
+                if all(e.op in ot.CONSTANTS for e in view.classes[k]):
                     continue
                 inner.add(k)
                 for e in view.classes[k]:

@@ -291,7 +291,7 @@ class _Reader:
                 Node(name or self.name(), "Opaque", tuple(args), tuple(attrs), loc=loc), typ
             )
         row = ot.BY_NAME.get(op)
-        if row is None or row.category == ot.LEAF:
+        if row is None or (row.category == ot.LEAF and op != "Arange"):
             raise GraphError(f"unknown operation {op!r} (see eqsat/optable.py)", loc)
         want = row.arity + len(row.attrs)
         if len(items) != want:

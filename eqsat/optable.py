@@ -105,6 +105,23 @@ class Op:
         return "E" + self.name
 
 
+def arange_values(start: int, step: int, n: int, dtype: str) -> np.ndarray:
+    """``Arange``'s values: ``start + i * step`` for ``i < n``, computed exactly in int64."""
+    return (np.arange(n, dtype=np.int64) * step + start).astype(NUMPY_DTYPE[dtype])
+
+
+def arange_exact(start: int, step: int, n: int, dtype: str) -> bool:
+    """Every value of the Arange is representable in ``dtype`` (what the importer checks)."""
+    if n < 0 or dtype not in NUMPY_DTYPE or dtype == "bool":
+        return False
+    ends = (start, start + step * max(n - 1, 0))
+    if dtype in FLOATS:
+        limit = 2 ** {"f16": 11, "f32": 24, "f64": 53}[dtype]
+        return all(abs(v) <= limit for v in ends)
+    info = np.iinfo(NUMPY_DTYPE[dtype])
+    return all(info.min <= v <= info.max for v in ends)
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype)
 
@@ -192,6 +209,17 @@ OPS: tuple[Op, ...] = (
         (("bits", "bits"), ("dtype", "str")),
         shape="scalar",
         doc="a rank-0 constant; the value is the float64 bit pattern (keeps -0.0 apart)",
+    ),
+    Op(
+        "Arange",
+        LEAF,
+        0,
+        (("start", "int"), ("step", "int"), ("n", "int"), ("dtype", "str")),
+        aten=("aten.arange.default", "aten.arange.start", "aten.arange.start_step"),
+        numpy=lambda start, step, n, dtype: arange_values(start, step, n, dtype),
+        shape="arange",
+        doc="the constant [start, start + step, ...] (n values); integer start and step, "
+        "every value exact in dtype",
     ),
     # elementwise, unary
     _ew("Neg", 1, "-{0}", _unary(np.negative), DEVICE_NUMERIC, ("aten.neg.default",)),
@@ -520,6 +548,9 @@ BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 # Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
 # so the schema and the consumers agree on them.
 KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Custom")
+# Leaves whose values the compiler knows: made once where the program reads them (a device
+# copy made once, not a crossing per call).
+CONSTANTS = ("Scalar", "Arange")
 REDUCE_KINDS = {"Sum": "sum", "Mean": "mean", "Amax": "max", "Amin": "min", "Prod": "prod"}
 GEMM_EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
 

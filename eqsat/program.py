@@ -240,13 +240,13 @@ class _Lowering:
                     place=DEVICE if self.io_on_device else "host",
                 )
             )
-        if en.op == "Scalar":
-            return self.emit(Step("const", out, "Scalar", attrs=en.attrs, dtype=dtype, shape=()))
+        if en.op in ot.CONSTANTS:
+            return self.emit(Step("const", out, en.op, attrs=en.attrs, dtype=dtype, shape=shape))
         if en.op == "ToDev" and self._constant(en.kids[0]):
-            # a scalar constant is made on the device once, not copied there on every call
+            # a constant is made on the device once, not copied there on every call
             kid = self.best[en.kids[0]].enode
             return self.emit(
-                Step("const", out, "Scalar", attrs=kid.attrs, dtype=dtype, shape=(), place=DEVICE)
+                Step("const", out, kid.op, attrs=kid.attrs, dtype=dtype, shape=shape, place=DEVICE)
             )
         if en.op in ("ToDev", "ToHost"):
             src = self.value(en.kids[0])
@@ -332,7 +332,7 @@ class _Lowering:
 
     def _constant(self, cid: int) -> bool:
         choice = self.best.get(cid)
-        return choice is not None and choice.enode.op == "Scalar"
+        return choice is not None and choice.enode.op in ot.CONSTANTS
 
     def tlist(self, cid: int) -> list[int]:
         out = []

@@ -146,6 +146,8 @@ def schema_text() -> str:
     out += [
         "(rule ((= e (Scalar b d))) ((set (dtype e) d) (set (rank e) 0))"
         ' :ruleset analysis :name "type-Scalar")',
+        "(rule ((= e (Arange a s n d))) ((set (dtype e) d) (set (rank e) 1))"
+        ' :ruleset analysis :name "type-Arange")',
     ]
     return "\n".join(out) + "\n"
 

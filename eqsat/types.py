@@ -116,6 +116,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return shapes[0]
     if rule == "scalar":
         return ()
+    if rule == "arange":
+        return (attrs[2],)
     if rule == "broadcast":
         return broadcast(*shapes)
     if rule == "reduce":
@@ -165,6 +167,13 @@ def infer(graph, node) -> tuple[str, Shape]:
         return node.dtype, node.shape
     if node.op == "Scalar":
         return node.attrs[1], ()
+    if node.op == "Arange":
+        start, step, n, dtype = node.attrs
+        if not ot.arange_exact(start, step, n, dtype):
+            raise GraphError(
+                f"Arange: {n} values from {start} by {step} not exact in {dtype}", node.loc
+            )
+        return dtype, (n,)
     operands = [graph.nodes[a] for a in node.args]
     try:
         dtype = result_dtype(row, [o.dtype for o in operands], node.attrs)

@@ -1,8 +1,8 @@
-"""ATen ops the importer writes in saturn's own terms (views, comparisons, reductions) so
-that they run as kernels: select, logical_not, any, full_like, and native_layer_norm's
-mean and rstd results (a training forward saves them). Each against eager on the CPU with
-both zeros, infinities and NaN where the op reads values; each decline stays the op's own
-call (a host step) and still computes the right values."""
+"""ATen ops the importer writes in saturn's own terms (views, comparisons, reductions,
+constants) so that they run as kernels: select, logical_not, any, full_like, arange, and
+native_layer_norm's mean and rstd results (a training forward saves them). Each against
+eager on the CPU with both zeros, infinities and NaN where the op reads values; each
+decline stays the op's own call (a host step) and still computes the right values."""
 
 from __future__ import annotations
 
@@ -166,3 +166,71 @@ def test_bfloat16_layer_norm_trains_through_its_host_call():
     torch.testing.assert_close(model.weight.grad.cpu(), ref.weight.grad, rtol=1e-2, atol=1e-2)
     forward = list(backend.CACHE.items.values())[-2]
     assert "aten.native_layer_norm.default" in host_ops(forward.compiled.program)
+
+
+def consts(prog, op: str) -> list:
+    return [s for s in prog.steps if s.kind == "const" and s.op == op]
+
+
+def test_arange_is_a_constant_made_once():
+    """Integer bounds, integer and float results: the values are the op table's, made once
+    where the program reads them; no host step, no crossing."""
+    x = special((3, 5))
+
+    def f(x):
+        i = torch.arange(5, device=x.device)
+        onehot = (torch.arange(-1, 8, 3, device=x.device)[:, None] == i).to(x.dtype)
+        ramp = torch.arange(-3, 7, 2, dtype=torch.float32, device=x.device)
+        return x * ramp + onehot[:3], i * 2
+
+    compile_and_compare(f, x)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and prog.count("crossing") == 0
+    assert sorted(c.attrs for c in consts(prog, "Arange")) == [
+        (-3, 2, 5, "f32"),
+        (-1, 3, 3, "i64"),
+        (0, 1, 5, "i64"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.arange(0.0, 1.0, 0.25, device=d),  # fractional bounds
+        lambda d: torch.arange(4096, dtype=torch.float16, device=d).float(),  # inexact in f16
+    ],
+)
+def test_arange_that_is_not_exact_stays_the_call(make):
+    x = torch.randn(4)
+    compile_and_compare(lambda x: x.sum() + make(x.device).sum(), x)
+    prog = last_compiled().compiled.program
+    assert [h for h in host_ops(prog) if h.startswith("aten.arange")], host_ops(prog)
+    assert consts(prog, "Arange") == []
+
+
+def test_training_encoder_backward_has_no_host_step():
+    """select's backward (the packed q/k/v projection) builds its one-hot mask from arange:
+    with Arange a constant, the whole backward of an encoder layer runs as kernels.
+    Gradients as eager's on the CPU."""
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).to(DEV)
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 16)
+    torch._dynamo.reset()
+    before = backend.CACHE.compiles
+    xd = x.to(DEV).requires_grad_()
+    out = torch.compile(model, backend="saturn", dynamic=False)(xd)
+    out.square().sum().backward()
+    xc = x.clone().requires_grad_()
+    want = ref(xc)
+    want.square().sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert backend.CACHE.compiles - before == 2
+    backward = list(backend.CACHE.items.values())[-1].compiled.program
+    assert host_ops(backward) == [] and backward.count("crossing") == 0
+    # the three selects' (q, k, v) aranges are one value: one constant
+    assert [c.attrs for c in consts(backward, "Arange")] == [(0, 1, 3, "i64")]

@@ -59,6 +59,8 @@ def test_bad_rule_file_exits_2_with_file_and_line(tmp_path):
         ("(input x f32 [2])\n(input y i32 [2])\n(let r (Add x y))\n(output r)\n", "insert a Cast"),
         ("(input x f32 [2])\n(let r (Relu x))\n", "no (output"),
         ("(input x q8 [2])\n(output x)\n", "unknown dtype"),
+        ("(let i (Arange 0 1 4096 f16))\n(output i)\n", "not exact in f16"),
+        ("(let i (Arange 0 1 4 i64 7))\n(output i)\n", "Arange takes 4 arguments"),
     ],
 )
 def test_graph_errors(tmp_path, text, message):

@@ -73,3 +73,29 @@ def test_extraction_settles_where_a_change_travels_far():
     graph, prog = program(text)
     assert host_steps(prog) == [] and crossings(prog) == []
     check_values(graph, prog)
+
+
+def test_an_arange_is_a_device_constant():
+    """select's backward builds a one-hot mask from arange(3) == index: the Arange is a
+    constant made on the device once, so the backward has no host step and no crossing."""
+    graph, prog = program(
+        "(input g f32 [2 4])\n(let i (Arange 0 1 3 i64))\n(let v (View i [3 1 1]))\n"
+        "(let m (Eq v (Scalar 1 i64)))\n(let z (Expand (Scalar 0 f32) [3 2 4]))\n"
+        "(let y (Where m (Expand (View g [1 2 4]) [3 2 4]) z))\n(output y)\n"
+    )
+    assert crossings(prog) == [] and host_steps(prog) == []
+    (c,) = [s for s in prog.steps if s.kind == "const" and s.op == "Arange"]
+    assert c.place == "device" and c.attrs == (0, 1, 3, "i64") and c.shape == (3,)
+    check_values(graph, prog)
+
+
+def test_an_arange_on_the_host_stays_a_host_constant():
+    """Read only by a host op (an op the device has no kernel for), the Arange is made on the
+    host: no crossing in either direction."""
+    _, prog = program(
+        "(input x f32 [5])\n(let i (Arange -4 2 5 f32))\n"
+        '(let o (Opaque "aten.cumsum" i [0]) f32 [5])\n(let y (Add x o))\n(output y)\n'
+    )
+    (c,) = [s for s in prog.steps if s.kind == "const" and s.op == "Arange"]
+    assert c.place == "host"
+    assert len(crossings(prog)) == 1  # the host op's result, to the device's Add
