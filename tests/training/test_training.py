@@ -77,6 +77,12 @@ def test_transformer_encoder_layer_trains_like_eager(dev):
     gb = model.self_attn.in_proj_bias.grad
     assert gb[16:32].abs().max() < 1e-5 * gb[:16].abs().max()
     assert_parameters_match(ref, got, skip={"self_attn.in_proj_bias": slice(16, 32)})
+    graphs = [g for g in backend.CACHE.items.values() if g.recipe.device == torch.device(dev)]
+    for g in graphs[-2:]:  # forward and backward: every step on the device
+        prog = g.compiled.program
+        assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
+        if g.recipe.runner is not None:  # on a GPU, replayed as a CUDA graph
+            assert g.recipe.runner.replays > 0
 
 
 def test_swapped_or_dropped_gradient_position_is_caught():
