@@ -163,19 +163,23 @@ __device__ __forceinline__ float gelu_t(float v) {
   return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
 }
 extern "C" __global__ void gelu_tanh_inplace(float* x, long long n) {
-  long long step = (long long)gridDim.x * blockDim.x;
-  long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  long long head = 0;
+  // one float4 per thread (as many loads in flight as the grid has threads); the last
+  // n % 4 elements by the first threads; an unaligned buffer element by element
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if ((((unsigned long long)x) & 15ull) == 0) {
-    float4* v = reinterpret_cast<float4*>(x);
-    head = (n >> 2) << 2;
-    for (long long i = tid; i < (n >> 2); i += step) {
+    long long n4 = n >> 2;
+    if (i < n4) {
+      float4* v = reinterpret_cast<float4*>(x);
       float4 a = v[i];
       a.x = gelu_t(a.x); a.y = gelu_t(a.y); a.z = gelu_t(a.z); a.w = gelu_t(a.w);
       v[i] = a;
     }
+    long long t = (n4 << 2) + i;
+    if (t < n) x[t] = gelu_t(x[t]);
+  } else {
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long j = i; j < n; j += step) x[j] = gelu_t(x[j]);
   }
-  for (long long i = head + tid; i < n; i += step) x[i] = gelu_t(x[i]);
 }
 """
 GELU_CHOICES = ("timed", "fused", "separate")
@@ -397,6 +401,6 @@ class GemmPlan:
         n = span(self.layouts[2])
         if self._gelu_out is None or self._gelu_out[0] != po:
             self._gelu_out = (po, device_array(po, Layout("f32", (n,), (1,))))
-        blocks = min(max(1, (n // 4 + 255) // 256), 132 * 8)
+        blocks = max(1, ((n + 3) // 4 + 255) // 256)
         with cupy.cuda.ExternalStream(self.stream):
             _gelu_kernel()((blocks,), (256,), (self._gelu_out[1], np.int64(n)))
