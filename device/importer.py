@@ -503,21 +503,31 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
 def _h_arange(imp: _Importer, node: torch.fx.Node):
     """arange(end) / arange(start, end[, step]) with integer bounds: an ``Arange`` constant
     (made once where the program reads it), when every value is exact in the result's
-    dtype. Fractional or symbolic bounds stay the op's own call."""
+    dtype. A symbolic length is taken for ``arange(n)`` of one symbol in an integer dtype
+    (its marker in the length, replaced per call size like every extent); fractional
+    bounds and other symbolic forms stay the op's own call."""
     bounds = list(node.args)
     if len(bounds) == 1:
         bounds = [0, bounds[0]]
     if len(bounds) == 2:
         bounds.append(1)
-    if len(bounds) != 3 or not all(type(v) is int for v in bounds) or bounds[2] == 0:
+    val = _meta(node)
+    if len(bounds) != 3 or not isinstance(val, torch.Tensor) or val.dtype not in DTYPES:
+        return None
+    if val.dim() != 1:
         return None
     start, end, step = bounds
-    val = _meta(node)
-    if not isinstance(val, torch.Tensor) or val.dtype not in DTYPES:
+    dtype, length = DTYPES[val.dtype], val.shape[0]
+    if isinstance(length, torch.SymInt):  # arange(s): 0, 1, ..., s - 1
+        if not (length.node.expr.is_Symbol and (start, step) == (0, 1)):
+            return None
+        if dtype not in ot.INTS or not isinstance(end, torch.fx.Node | torch.SymInt):
+            return None
+        n = concrete(length)
+        return imp.add(Node(node.name, "Arange", (), (0, 1, n, dtype), dtype, (n,)), node.name)
+    if not all(type(v) is int for v in bounds) or step == 0:
         return None
-    if val.dim() != 1 or type(val.shape[0]) is not int:
-        return None
-    n, dtype = val.shape[0], DTYPES[val.dtype]
+    n = length
     if n != len(range(start, end, step)) or not ot.arange_exact(start, step, n, dtype):
         return None
     return imp.add(Node(node.name, "Arange", (), (start, step, n, dtype), dtype, (n,)), node.name)

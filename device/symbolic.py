@@ -68,7 +68,9 @@ def instantiate(program: Program, sizes: dict[int, int]) -> Program:
                 domain=shape(k.domain),
                 inputs=[Operand(o.value, o.dtype, shape(o.shape), o.indexing) for o in k.inputs],
             )
-        attrs = _ints(s.attrs, sizes) if s.kind == "view" else s.attrs
+        # a view's shape and an Arange's length hold markers; other constants do not
+        sized = s.kind == "view" or (s.kind == "const" and s.op == "Arange")
+        attrs = _ints(s.attrs, sizes) if sized else s.attrs
         steps.append(dataclasses.replace(s, shape=shape(s.shape), attrs=attrs, kernel=k))
     return Program(steps, list(program.outputs), dict(program.inputs))
 

@@ -40,6 +40,44 @@ def test_instantiate_rewrites_extents_not_constants():
     assert prog.steps[1].kernel.domain == (2, M0)  # the template is untouched
 
 
+def test_instantiate_gives_an_arange_its_length():
+    prog = Program(
+        [
+            Step("const", "v0", "Arange", (), (0, 1, M0, "i64"), "i64", (M0,), "device"),
+            Step("const", "v1", "Arange", (), (3, 2, 4, "i64"), "i64", (4,), "device"),
+        ],
+        ["v0", "v1"],
+        {},
+    )
+    got = instantiate(prog, {M0: 6})
+    assert got.steps[0].attrs == (0, 1, 6, "i64") and got.steps[0].shape == (6,)
+    assert got.steps[1].attrs == (3, 2, 4, "i64")
+
+
+def test_positions_from_arange_of_a_symbolic_length(dev):
+    """arange over the sequence length (positions, a one-hot of them): an Arange constant
+    whose length is the symbol's marker, made per size seen, not a reason to run the graph
+    uncompiled."""
+
+    def f(x):
+        pos = torch.arange(x.shape[1], device=x.device)
+        return x * pos[None, :, None].to(x.dtype) + (pos == 2)[None, :, None].to(x.dtype)
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    before = len(backend.CACHE.fallbacks)
+    for n in (3, 5, 8):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(fn(x.to(dev)).cpu(), f(x), rtol=1e-5, atol=1e-5)
+    assert backend.CACHE.fallbacks[before:] == []
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    assert isinstance(recipe, SymbolicRecipe) and recipe.built == 3
+    prog = recipe.template.program
+    (length,) = [s.attrs[2] for s in prog.steps if s.kind == "const" and s.op == "Arange"]
+    assert length in MARKERS  # the sequence length's symbol
+    assert [s for s in prog.steps if s.kind in ("host", "crossing")] == []
+
+
 def test_twenty_sequence_lengths_compile_at_most_twice(dev):
     torch.manual_seed(0)
     ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
