@@ -521,7 +521,7 @@ def _h_arange(imp: _Importer, node: torch.fx.Node):
     if isinstance(length, torch.SymInt):  # arange(s): 0, 1, ..., s - 1
         if not (length.node.expr.is_Symbol and (start, step) == (0, 1)):
             return None
-        if dtype not in ot.INTS or not isinstance(end, torch.fx.Node | torch.SymInt):
+        if dtype not in ("i32", "i64") or not isinstance(end, torch.fx.Node | torch.SymInt):
             return None
         n = concrete(length)
         return imp.add(Node(node.name, "Arange", (), (0, 1, n, dtype), dtype, (n,)), node.name)
