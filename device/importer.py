@@ -503,7 +503,7 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
 def _h_arange(imp: _Importer, node: torch.fx.Node):
     """arange(end) / arange(start, end[, step]) with integer bounds: an ``Arange`` constant
     (made once where the program reads it), when every value is exact in the result's
-    dtype. A symbolic length is taken for ``arange(n)`` of one symbol in an integer dtype
+    dtype. A symbolic length is taken for ``arange(n)`` of one symbol in int32 or int64
     (its marker in the length, replaced per call size like every extent); fractional
     bounds and other symbolic forms stay the op's own call."""
     bounds = list(node.args)
