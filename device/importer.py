@@ -494,9 +494,9 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
     if not isinstance(value, int | float | bool):
         return None
     dtype, shape = _tensor_type(node)
-    if dtype not in ot.FLOATS + ot.INTS:
+    if dtype not in ot.FLOATS + ot.INTS + ("bool",):
         return None
-    c = imp.scalar(value, dtype)
+    c = imp.scalar(bool(value) if dtype == "bool" else value, dtype)
     return imp.add(Node(node.name, "Expand", (c,), (shape,), dtype, shape), node.name)
 
 
@@ -782,6 +782,111 @@ def _h_logical_not(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Eq", (xn.name, zero), (), dtype, shape), node.name)
 
 
+def _truth(imp: _Importer, a) -> str | None:
+    """A bool tensor operand as is; any other tensor as ``a != 0`` (NaN is truthy, both
+    zeros are false: PyTorch's truthiness). None for a non-tensor."""
+    if not isinstance(a, torch.fx.Node):
+        return None
+    an = imp.g.nodes[imp.env[a.name]]
+    if an.dtype == "bool":
+        return an.name
+    zero = imp.scalar(0, an.dtype)
+    return imp.add(Node(imp.fresh("truth"), "Ne", (an.name, zero), (), "bool", an.shape))
+
+
+def _h_logical(kind: str, bool_only: bool):
+    """logical_and / logical_or (and bitwise_and / bitwise_or of booleans) as a Where over
+    the operands' truth: ``a and b = b if a else false``, ``a or b = true if a else b``.
+    Exact for every value; bitwise ops of integers are declined."""
+
+    def handler(imp: _Importer, node: torch.fx.Node):
+        if len(node.args) != 2 or node.kwargs:
+            return None
+        dtype, shape = _tensor_type(node)
+        a, b = (_truth(imp, v) for v in node.args)
+        if dtype != "bool" or a is None or b is None:
+            return None
+        if bool_only and any(imp.g.nodes[imp.env[v.name]].dtype != "bool" for v in node.args):
+            return None
+        if kind == "and":
+            args = (a, b, imp.scalar(False, "bool"))
+        else:
+            args = (a, imp.scalar(True, "bool"), b)
+        return imp.add(Node(node.name, "Where", args, (), dtype, shape), node.name)
+
+    return handler
+
+
+def _h_bitwise_not(imp: _Importer, node: torch.fx.Node):
+    """bitwise_not of booleans is logical_not: ``x == false``. Integers are declined."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    if xn.dtype != "bool" or node.kwargs:
+        return None
+    false = imp.scalar(False, "bool")
+    return imp.add(Node(node.name, "Eq", (xn.name, false), (), "bool", xn.shape), node.name)
+
+
+def _h_clamp(kind: str):
+    """clamp(x, lo, hi) / clamp_min / clamp_max with number bounds = minimum(maximum(x, lo),
+    hi), NaN-propagating like PyTorch's clamp; lo > hi gives hi everywhere, as PyTorch.
+    Declined when a bound is a tensor or would change the result's dtype."""
+
+    def handler(imp: _Importer, node: torch.fx.Node):
+        xn = imp.g.nodes[imp.env[node.args[0].name]]
+        rest, kw = list(node.args[1:]), dict(node.kwargs)
+        if kind == "clamp":
+            rest += [None] * (2 - len(rest))
+            lo = rest[0] if rest[0] is not None else kw.pop("min", None)
+            hi = rest[1] if rest[1] is not None else kw.pop("max", None)
+        elif kind == "min":
+            lo, hi = (rest[0] if rest else kw.pop("min", None)), None
+        else:
+            lo, hi = None, (rest[0] if rest else kw.pop("max", None))
+        dtype, shape = _tensor_type(node)
+        if kw or dtype != xn.dtype or (lo is None and hi is None):
+            return None
+        if not all(v is None or type(v) in (int, float) for v in (lo, hi)):
+            return None
+        out = xn.name
+        for v, op in ((lo, "Maximum"), (hi, "Minimum")):
+            if v is not None:
+                out = imp.add(
+                    Node(imp.fresh("clamp"), op, (out, imp.scalar(v, dtype)), (), dtype, shape)
+                )
+        imp.fx_names[out] = node.name
+        return out
+
+    return handler
+
+
+def _h_split(imp: _Importer, node: torch.fx.Node):
+    """split / split_with_sizes along a dim: one Slice per piece (views; no copy), read by
+    the getitems that follow."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    args = list(node.args) + [None] * 3
+    dim = args[2] if args[2] is not None else node.kwargs.get("dim", 0)
+    if not xn.shape or type(dim) is not int:
+        return None
+    dim %= len(xn.shape)
+    size, pieces = xn.shape[dim], _meta(node)
+    if not isinstance(pieces, list | tuple):
+        return None
+    names, start = [], 0
+    for i, piece in enumerate(pieces):
+        dtype, shape = _tensor_type(node, piece)
+        end = start + shape[dim]
+        names.append(
+            imp.add(
+                Node(f"{node.name}.{i}", "Slice", (xn.name,), (dim, start, end, 1), dtype, shape)
+            )
+        )
+        start = end
+    if start != size:
+        return None
+    imp.results[node.name] = tuple(names)
+    return names[0]
+
+
 def _h_any(imp: _Importer, node: torch.fx.Node):
     """any(x, dims, keepdim) over booleans = (number of trues > 0), the count an int64 Sum
     (exact: no reduction holds 2^63 elements). Other dtypes are declined."""
@@ -837,6 +942,16 @@ _HANDLERS = {
     "aten.clone.default": _h_clone,
     "aten.slice.Tensor": _h_slice,
     "aten.full.default": _h_full,
+    "aten.logical_and.default": _h_logical("and", False),
+    "aten.logical_or.default": _h_logical("or", False),
+    "aten.bitwise_and.Tensor": _h_logical("and", True),
+    "aten.bitwise_or.Tensor": _h_logical("or", True),
+    "aten.bitwise_not.default": _h_bitwise_not,
+    "aten.clamp.default": _h_clamp("clamp"),
+    "aten.clamp_min.default": _h_clamp("min"),
+    "aten.clamp_max.default": _h_clamp("max"),
+    "aten.split.Tensor": _h_split,
+    "aten.split_with_sizes.default": _h_split,
     "aten.arange.default": _h_arange,
     "aten.arange.start": _h_arange,
     "aten.arange.start_step": _h_arange,

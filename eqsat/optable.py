@@ -368,6 +368,15 @@ OPS: tuple[Op, ...] = (
         ("aten.eq.Tensor", "aten.eq.Scalar"),
         out_dtype="bool",
     ),
+    _ew(
+        "Ne",
+        2,
+        "{0} != {1}",
+        _binary(np.not_equal),
+        DEVICE_ALL,
+        ("aten.ne.Tensor", "aten.ne.Scalar"),
+        out_dtype="bool",
+    ),
     # elementwise, ternary
     _ew(
         "Where",

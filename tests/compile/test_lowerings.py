@@ -234,3 +234,92 @@ def test_training_encoder_backward_has_no_host_step():
     assert host_ops(backward) == [] and backward.count("crossing") == 0
     # the three selects' (q, k, v) aranges are one value: one constant
     assert [c.attrs for c in consts(backward, "Arange")] == [(0, 1, 3, "i64")]
+
+
+def test_ne_is_a_comparison_on_the_device():
+    """x != y: true for NaN against anything, false for -0.0 against 0.0, as PyTorch."""
+    x, y = special((4, 6)), special((4, 6), seed=1)
+    y[0, 3] = 0.0  # -0.0 in x against 0.0
+    compile_and_compare(lambda x, y: (x != y).to(torch.float32) + (x != 0.5) * 2.0, x, y)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+@pytest.mark.parametrize("op", [torch.logical_and, torch.logical_or])
+def test_logical_and_or_read_truthiness(op):
+    """Nonzero is true (NaN and infinities included), both zeros false; bools as they are."""
+    x, y = special((4, 6)), special((4, 6), seed=2)
+    y[0, :5] = torch.tensor([0.0, -0.0, float("nan"), 0.0, 1.0])
+
+    def f(x, y):
+        return op(x, y).to(torch.float32) + op(x > 0, y < 0).to(torch.float32) * 2
+
+    compile_and_compare(f, x, y)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_bitwise_ops_of_booleans_are_logical():
+    x, y = special((3, 5)), special((3, 5), seed=3)
+
+    def f(x, y):
+        a, b = x > 0, y > 0
+        return (a & b).to(torch.float32) + (a | b) * 2.0 + (~a) * 4.0
+
+    compile_and_compare(f, x, y)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_bitwise_ops_of_integers_stay_the_call():
+    a = torch.randint(-8, 8, (3, 5))
+    compile_and_compare(lambda a: (a & 6) + (~a), a)
+    assert sorted(host_ops(last_compiled().compiled.program)) == [
+        "aten.bitwise_and.Scalar",
+        "aten.bitwise_not.default",
+    ]
+
+
+def test_clamp_with_number_bounds():
+    """NaN stays NaN, infinities clamp, lo > hi gives hi (PyTorch's clamp)."""
+    x = special((4, 6), seed=4) * 3
+
+    def f(x):
+        return (
+            torch.clamp(x, -1.0, 2.0)
+            + torch.clamp(x, min=0.5) * 2
+            + torch.clamp(x, max=-0.25) * 4
+            + torch.clamp(x, 3.0, 1.0) * 8
+        )
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_clamp_that_changes_the_dtype_or_takes_tensors_stays_the_call():
+    a = torch.randint(-8, 8, (3, 5))
+    x, lo = torch.randn(3, 5), torch.randn(3, 5)
+    compile_and_compare(lambda a: torch.clamp(a, -2.5, 3.5) * 2, a)  # int -> float result
+    assert host_ops(last_compiled().compiled.program) == ["aten.clamp.default"]
+    compile_and_compare(lambda x, lo: torch.clamp(x, lo) + 1, x, lo)
+    assert host_ops(last_compiled().compiled.program) == ["aten.clamp.Tensor"]
+
+
+def test_split_pieces_are_slices():
+    x = special((4, 10), seed=5)
+
+    def f(x):
+        a, b, c = x.split([3, 5, 2], dim=1)
+        d, e = x.split(2, dim=0)
+        return a.sum(1) + b.amax(1) - c[:, 0], d * e
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_a_boolean_full_is_a_broadcast_constant():
+    x = torch.randn(4, 4)
+
+    def f(x):
+        keep = torch.full((4, 4), True, dtype=torch.bool, device=x.device).tril()
+        return torch.where(torch.logical_and(keep, x > 0), x, 0.0)
+
+    compile_and_compare(f, x)
+    assert "aten.full.default" not in host_ops(last_compiled().compiled.program)
