@@ -216,7 +216,7 @@ OPS: tuple[Op, ...] = (
         0,
         (("start", "int"), ("step", "int"), ("n", "int"), ("dtype", "str")),
         aten=("aten.arange.default", "aten.arange.start", "aten.arange.start_step"),
-        numpy=lambda start, step, n, dtype: arange_values(start, step, n, dtype),
+        numpy=arange_values,
         shape="arange",
         doc="the constant [start, start + step, ...] (n values); integer start and step, "
         "every value exact in dtype",
