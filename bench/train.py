@@ -1,12 +1,15 @@
 """Training step time of a TransformerEncoderLayer: eager PyTorch on CUDA against the layer
 compiled by saturn (forward and backward graphs, each replayed as a CUDA graph), float32.
 
-What is timed: wall time of forward + loss + backward (the loss ``(y * g).sum()`` with a
-fixed random ``g``, an arbitrary upstream gradient; gradients accumulated into the
-parameters, no optimizer step) plus a device synchronize, median of REPEATS steps after
-warm-up, at each size in SIZES. Eager runs in a child process that never imports saturn
-(CUDA autograd is not used in a process that imported saturn), in the same invocation,
-on the same GPU. saturn's gradients are checked against eager CPU's on the first step.
+What is timed: wall time of forward + loss + backward plus a device synchronize, median of
+REPEATS steps after warm-up, at each size in SIZES. The loss ``(y * g).sum()`` (a fixed
+random ``g``: an arbitrary upstream gradient) is computed inside the compiled function, and
+the gradients are set to None before each step (as ``zero_grad()`` does), so the step is
+the compiled forward and backward graphs: eager ops on saturn GPU tensors outside them
+(``+=`` into existing gradients, an optimizer step) would run through the CPU fallback.
+Eager runs in a child process that never imports saturn (CUDA autograd is not used in a
+process that imported saturn), in the same invocation, on the same GPU. saturn's gradients
+are checked against eager CPU's on the first step.
 
     python bench/train.py            (on a GPU machine)
 """
@@ -36,9 +39,22 @@ def upstream(b: int, n: int, d: int) -> torch.Tensor:
     return torch.randn(b, n, d, generator=torch.Generator().manual_seed(1)) / (b * n * d) ** 0.5
 
 
-def step_us(model, x, g, sync) -> float:
+class Loss(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, g):
+        return (self.model(x) * g).sum()
+
+
+def step_us(loss, x, g, sync) -> float:
+    params = list(loss.parameters())
+
     def step():
-        (model(x) * g).sum().backward()
+        for p in params:
+            p.grad = None
+        loss(x, g).backward()
 
     for _ in range(5):
         step()
@@ -58,24 +74,24 @@ def eager_child() -> None:
     out = {}
     for b, n, d in SIZES:
         x, g = torch.randn(b, n, d, device="cuda"), upstream(b, n, d).cuda()
-        out[f"{b}x{n}x{d}"] = step_us(layer(d).cuda(), x, g, torch.cuda.synchronize)
+        out[f"{b}x{n}x{d}"] = step_us(Loss(layer(d).cuda()), x, g, torch.cuda.synchronize)
     print(json.dumps(out))
 
 
 def saturn_rows(eager: dict) -> list[tuple]:
-    import saturn  # noqa: F401
+    import saturn
     from saturn import backend
 
     rows = []
     for b, n, d in SIZES:
         ref = layer(d)
         x, g = torch.randn(b, n, d), upstream(b, n, d)
-        (ref(x) * g).sum().backward()
+        Loss(ref)(x, g).backward()
         model = layer(d).to(GPU)
         torch._dynamo.reset()
-        fn = torch.compile(model, backend="saturn", dynamic=False)
+        fn = torch.compile(Loss(model), backend="saturn", dynamic=False)
         xd, gd = x.to(GPU), g.to(GPU)
-        (fn(xd) * gd).sum().backward()
+        fn(xd, gd).backward()
         # each parameter's gradient against eager CPU's, relative to its largest entry
         err = max(
             ((p.grad.cpu() - q.grad).abs().max() / q.grad.abs().max()).item()
@@ -83,9 +99,14 @@ def saturn_rows(eager: dict) -> list[tuple]:
         )
         graphs = list(backend.CACHE.items.values())[-2:]  # forward, backward
         host = sum(g.compiled.program.count("host") for g in graphs)
+        fallbacks = dict(saturn.fallback_counts())
         t = step_us(fn, xd, gd, lambda: torch.saturn.synchronize(GPU))
+        after = saturn.fallback_counts()
+        # ops that ran through the CPU fallback per step (the backward's seed, a scalar)
+        per_step = {k: v - fallbacks.get(k, 0) for k, v in after.items() if v != fallbacks.get(k)}
         replays = [g.recipe.runner.replays if g.recipe.runner else 0 for g in graphs]
         rows.append((f"{b}x{n}x{d}", eager.get(f"{b}x{n}x{d}"), t, err, host, replays))
+        print(f"{b}x{n}x{d}: CPU-fallback ops in {REPEATS + 5} steps: {per_step}")
     return rows
 
 
