@@ -13,6 +13,7 @@ import operator
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -847,6 +848,10 @@ def _h_clamp(kind: str):
             return None
         if not all(v is None or type(v) in (int, float) for v in (lo, hi)):
             return None
+        if dtype in ot.INTS:  # a bound outside the dtype: PyTorch raises (the call does too)
+            info = np.iinfo(ot.NUMPY_DTYPE[dtype])
+            if not all(v is None or info.min <= v <= info.max for v in (lo, hi)):
+                return None
         out = xn.name
         for v, op in ((lo, "Maximum"), (hi, "Minimum")):
             if v is not None:

@@ -300,6 +300,11 @@ def test_clamp_that_changes_the_dtype_or_takes_tensors_stays_the_call():
     assert host_ops(last_compiled().compiled.program) == ["aten.clamp.default"]
     compile_and_compare(lambda x, lo: torch.clamp(x, lo) + 1, x, lo)
     assert host_ops(last_compiled().compiled.program) == ["aten.clamp.Tensor"]
+    # a bound outside int8: PyTorch raises, and so does the call (not a wrapped constant)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a: torch.clamp(a, max=1000) + 1, backend="saturn", dynamic=False)
+    with pytest.raises(RuntimeError, match="overflow"):
+        fn(a.to(torch.int8).to(DEV))
 
 
 def test_split_pieces_are_slices():
