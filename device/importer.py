@@ -139,6 +139,11 @@ class _Importer:
     def scalar(self, value, dtype: str) -> str:
         if isinstance(value, bool):
             value = float(value)
+        if dtype in ot.INTS and not isinstance(value, bool):
+            info = np.iinfo(ot.NUMPY_DTYPE[dtype])
+            if not info.min <= value <= info.max:
+                # PyTorch wraps it in some ops and raises in others: run the graph as it is
+                raise UnsupportedError(f"constant {value} does not fit {dtype}")
         return self.add(
             Node(self.fresh("const"), "Scalar", (), (float_bits(float(value)), dtype), dtype, ())
         )

@@ -328,3 +328,19 @@ def test_a_boolean_full_is_a_broadcast_constant():
 
     compile_and_compare(f, x)
     assert "aten.full.default" not in host_ops(last_compiled().compiled.program)
+
+
+def test_an_integer_constant_outside_its_dtype_runs_the_graph_uncompiled():
+    """int8 != 1000: PyTorch compares with the wrapped value here (and raises in full());
+    the graph runs as PyTorch runs it, with the reason logged, not with a constant saturn
+    would have to make up."""
+    x = torch.tensor([-24, 1, 5], dtype=torch.int8)
+
+    def f(x):
+        return (x != 1000).to(torch.int32) + (x > 1000) * 2
+
+    torch._dynamo.reset()
+    before = len(backend.CACHE.fallbacks)
+    got = torch.compile(f, backend="saturn", dynamic=False)(x.to(DEV))
+    assert torch.equal(got.cpu(), f(x))
+    assert any("does not fit i8" in r for r in backend.CACHE.fallbacks[before:])
