@@ -135,14 +135,24 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     device = torch.device(opts.device)
     imported = import_graph(gm, replacements=device.index >= 1)
     kinds = _devices_of(example_inputs)
-    if kinds - {"saturn", "cpu"} or len(kinds) > 1:
+    # CPU scalars beside saturn tensors (an optimizer's step counters) are copied in per call
+    host_scalars = kinds == {"saturn", "cpu"} and all(
+        t.dim() == 0
+        for t in example_inputs
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+    )
+    if kinds - {"saturn", "cpu"} or (len(kinds) > 1 and not host_scalars):
         raise UnsupportedError(
-            f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs "
-            "are all saturn tensors or all CPU tensors"
+            f"inputs on {sorted(kinds)}: saturn compiles graphs whose inputs are all saturn "
+            "tensors (and CPU scalars) or all CPU tensors"
         )
-    io_on_device = kinds == {"saturn"}
+    io_on_device = "saturn" in kinds
     if io_on_device:
-        devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+        devs = {
+            t.device
+            for t in example_inputs
+            if isinstance(t, torch.Tensor) and t.device.type == "saturn"
+        }
         if devs != {device}:
             raise UnsupportedError(f"inputs on {sorted(map(str, devs))}, compile target {device}")
     from saturn.eqsat.rules import OPT_IN_RULESETS

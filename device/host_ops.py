@@ -45,6 +45,8 @@ ADAPTERS = {
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
     "Gelu": lambda x: torch.ops.aten.gelu.default(x),
     "GeluTanh": lambda x: torch.ops.aten.gelu.default(x, approximate="tanh"),
+    # the kernel's fused multiply-add (PyTorch's CPU prims.fma rounds the product first)
+    "Fma": lambda a, b, c: (a.double() * b.double() + c.double()).to(torch.float32),
     "Softmax": lambda x, dim: torch.ops.aten._softmax.default(x, dim, False),
     "LogSoftmax": lambda x, dim: torch.ops.aten._log_softmax.default(x, dim, False),
     "LayerNorm": _layer_norm,

@@ -359,12 +359,32 @@ class _Importer:
 
 
 def _h_binary_alpha(row_name: str):
+    """add/sub(a, b, alpha) = a +/- alpha * b (an optimizer's ``p.add_(g, alpha=-lr)``).
+    The product is rounded before the sum, where PyTorch's CPU kernel fuses the two (one
+    rounding less; the same values but the last bit, as the decompositions' note says).
+    Alpha that is not a number of the op's kind (a float alpha for integers) is declined."""
+
     def h(imp: _Importer, node: torch.fx.Node):
-        if node.kwargs.get("alpha", 1) != 1:
-            return None  # a kernel would ignore alpha
+        alpha = node.kwargs.get("alpha", 1)
+        if set(node.kwargs) - {"alpha"} or len(node.args) != 2:
+            return None
         dtype, shape = _tensor_type(node)
-        a, b = node.args[:2]
+        if type(alpha) not in (int, float) or (type(alpha) is float and dtype not in ot.FLOATS):
+            return None
+        a, b = node.args
         args = [imp.operand(a, dtype), imp.operand(b, dtype)]
+        if alpha != 1:
+            bt = imp.g.nodes[args[1]]
+            args[1] = imp.add(
+                Node(
+                    imp.fresh("alpha"),
+                    "Mul",
+                    (bt.name, imp.scalar(alpha, dtype)),
+                    (),
+                    dtype,
+                    bt.shape,
+                )
+            )
         return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
 
     return h
@@ -759,6 +779,23 @@ def _h_pow(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _h_copy(imp: _Importer, node: torch.fx.Node):
+    """copy(dst, src), the functional form of ``dst.copy_(src)``: src's values in dst's
+    dtype, broadcast to dst's shape (a cast and a view: exact, or PyTorch's own cast)."""
+    if len(node.args) != 2 or set(node.kwargs) - {"non_blocking"}:
+        return None
+    dtype, shape = _tensor_type(node)
+    src = imp.env[node.args[1].name] if isinstance(node.args[1], torch.fx.Node) else None
+    if src is None:
+        return None
+    out = imp.cast(src, dtype)
+    if imp.g.nodes[out].shape != shape:
+        out = imp.add(Node(imp.fresh("copy"), "Expand", (out,), (shape,), dtype, shape))
+    if out != src:
+        imp.fx_names[out] = node.name
+    return out
+
+
 def _h_select(imp: _Importer, node: torch.fx.Node):
     """select(x, dim, i): the slice [i, i + 1) along dim, viewed without that axis (views,
     exact for every value). A negative or symbolic index is declined (kept as the call)."""
@@ -977,6 +1014,8 @@ _HANDLERS = {
     "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
     "aten.convolution.default": _h_convolution,
     "aten.pow.Tensor_Scalar": _h_pow,
+    "aten.pow.Scalar": _h_pow,
+    "aten.copy.default": _h_copy,
 }
 
 

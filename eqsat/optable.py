@@ -122,6 +122,11 @@ def arange_exact(start: int, step: int, n: int, dtype: str) -> bool:
     return all(info.min <= v <= info.max for v in ends)
 
 
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    f8 = np.float64
+    return (np.asarray(a, f8) * np.asarray(b, f8) + np.asarray(c, f8)).astype(np.float32)
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf, otypes=[x.dtype])(x).astype(x.dtype)
 
@@ -320,7 +325,7 @@ OPS: tuple[Op, ...] = (
         "{0} ** {1}",
         _binary(np.power),
         DEVICE_FLOATS,
-        ("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor"),
+        ("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar"),
         flops=8,
     ),
     _ew(
@@ -378,6 +383,20 @@ OPS: tuple[Op, ...] = (
         out_dtype="bool",
     ),
     # elementwise, ternary
+    # fused multiply-add (what PyTorch's addcmul/lerp decompositions emit): float32 operands
+    # in float64, where the product is exact (24 + 24 bits < 53) and cannot overflow, one
+    # rounding of the sum, one to float32. That is fma(a, b, c) but for a tie of the second
+    # rounding (1 ulp); infinities and NaN as fma's: a * b that would overflow float32 does
+    # not, so a finite huge product plus -inf is -inf, as fused. float32 only.
+    _ew(
+        "Fma",
+        3,
+        "np.float32(np.float64({0}) * np.float64({1}) + np.float64({2}))",
+        _fma32,
+        ("f32",),
+        ("prims.fma.default",),
+        flops=2,
+    ),
     _ew(
         "Where",
         3,

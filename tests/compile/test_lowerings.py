@@ -344,3 +344,46 @@ def test_an_integer_constant_outside_its_dtype_runs_the_graph_uncompiled():
     got = torch.compile(f, backend="saturn", dynamic=False)(x.to(DEV))
     assert torch.equal(got.cpu(), f(x))
     assert any("does not fit i8" in r for r in backend.CACHE.fallbacks[before:])
+
+
+def test_fma_rounds_once():
+    """prims.fma (what an optimizer's addcmul_ decomposes into): the device computes the
+    float32 product and sum in float64 and rounds once, so (1 + 2^-12)^2 - (1 + 2^-11) is
+    2^-24, not the 0 that rounding the product first gives (PyTorch's CPU addcmul fuses
+    where the CPU has FMA; its CPU prims.fma does not). NaN and infinities as eager's."""
+    a, b, c = special((4, 6)), special((4, 6), seed=6), special((4, 6), seed=7)
+    compile_and_compare(lambda a, b, c: torch.ops.prims.fma(a, b, c), a, b, c)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and "fma" in str([k.body for k in prog.kernels])
+    a = torch.full((3,), 1 + 2**-12)
+    c = torch.full((3,), -(1 + 2**-11))
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, c: torch.ops.prims.fma(a, a, c), backend="saturn")
+    got = fn(a.to(DEV), c.to(DEV)).cpu()
+    assert torch.equal(got, torch.full((3,), 2.0**-24))  # the fused result
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_fma_in_float64_stays_the_call():
+    a = torch.randn(5, dtype=torch.float64)
+    compile_and_compare(lambda a: torch.ops.prims.fma(a, a, a) + 1, a)
+    assert host_ops(last_compiled().compiled.program) == ["Fma"]
+
+
+def test_add_with_alpha_and_functional_copy():
+    """p.add_(g, alpha=-lr) (an optimizer's update) is a + alpha * b; copy(dst, src) is
+    src's values in dst's dtype and shape."""
+    x, y = special((4, 6)), special((4, 6), seed=8)
+    compile_and_compare(lambda x, y: torch.add(x, y, alpha=-0.01) - torch.sub(x, y, alpha=3), x, y)
+    i = torch.randint(-5, 5, (4, 6))
+    compile_and_compare(lambda i: torch.add(i, i, alpha=3), i)
+    assert host_ops(last_compiled().compiled.program) == []
+    compile_and_compare(lambda x, y: torch.ops.aten.copy(x, y[0]) + x, x, y)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_pow_of_a_number_by_a_tensor():
+    """beta ** step (Adam's bias correction): Pow with a constant base."""
+    e = special((5,), seed=9)
+    compile_and_compare(lambda e: torch.pow(0.9, e) + torch.pow(2.0, e), e)
+    assert host_ops(last_compiled().compiled.program) == []
