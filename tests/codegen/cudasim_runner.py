@@ -56,6 +56,7 @@ _install_warp_shuffle()
 
 from saturn.codegen import cuda as cg  # noqa: E402
 from saturn.eqsat import evaluate as ev  # noqa: E402
+from saturn.eqsat import optable as ot  # noqa: E402
 from saturn.eqsat.graph import parse_graph  # noqa: E402
 from saturn.eqsat.pipeline import compile_graph  # noqa: E402
 
@@ -88,6 +89,12 @@ GRAPHS = {
     "(let r (Maximum (Add x y) (Neg y)))\n(output r)",
     "int64_where": "(input c bool [17])\n(input x i64 [17])\n(input y i64 [17])\n"
     "(let r (Where c x (Abs y)))\n(output r)",
+    "ne_and_truth": "(input x f32 [37])\n(input y f32 [37])\n"
+    "(let r (Where (Ne x y) (Ne x (Scalar 0 f32)) (Expand (Scalar 0 bool) [37])))\n(output r)",
+    "fma_rounds_once": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
+    "(let r (Fma a b c))\n(output r)",
+    "arange_one_hot": "(input g f32 [3 5])\n(let i (Arange 0 1 5 i64))\n"
+    "(let r (Where (Eq i (Scalar 2 i64)) g (Expand (Scalar 0 f32) [3 5])))\n(output r)",
     "row_sum_sq": "(input x f32 [9 40])\n(let r (Sum (Mul x x) [1] 1))\n(output r)",
     "row_max_long": "(input x f32 [2 1100])\n(let r (Amax x [1] 0))\n(output r)",
     "col_mean": "(input x f32 [30 9])\n(let r (Mean x [0] 0))\n(output r)",
@@ -150,7 +157,9 @@ def run_kernel(step, arrays, narrow: bool = False):
     flats = []
     for a in arrays:
         # the kernel sees the operand's memory from its first element, with its strides
-        flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a))
+        # (a copy of the span: the simulator writes operands back, and a broadcast
+        # constant's view is read-only)
+        flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy())
     fn[blocks, threads](out, *flats, *[sizes[n] for n in g.params.ints])
     return out.reshape(step.shape)
 
@@ -253,6 +262,10 @@ def run_all(graphs: dict[str, str], narrow: bool = False) -> int:
                 ran += 1
             elif s.kind == "view":
                 env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+            elif s.kind == "const":  # made once on the device: the recipe's values
+                env[s.output] = np.asarray(
+                    ot.arange_values(*s.attrs) if s.op == "Arange" else ev.scalar(*s.attrs)
+                )
             else:
                 raise SystemExit(f"{name}: unexpected step {s.kind}")
         want = ev.eval_graph(graph, inputs)

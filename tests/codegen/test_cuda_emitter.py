@@ -104,3 +104,16 @@ def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
     assert roots[0] - roots[1] == 1 + 4, roots
     assert re.search(r"\b(div|rem)\.s64\b", wide)
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\bdiv\.u32\b", narrow)
+
+
+def test_fma_and_ne_compile_to_ptx():
+    """The float32 Fma computes in float64 (its one rounding), and Ne of floats is a
+    not-equal comparison that is true for NaN (an unordered compare)."""
+    (k,) = kernels_of(
+        "(input a f32 [16])\n(input b f32 [16])\n(input c f32 [16])\n"
+        "(let r (Fma a b c))\n(output r)\n"
+    )
+    ptx = cg.ptx(cg.generate(k), (9, 0))
+    assert re.search(r"\b(fma|mul)\.rn\.f64\b", ptx) and "cvt.rn.f32.f64" in ptx
+    (k,) = kernels_of("(input a f32 [16])\n(input b f32 [16])\n(let r (Ne a b))\n(output r)\n")
+    assert re.search(r"setp\.neu\.f32", cg.ptx(cg.generate(k), (9, 0)))
