@@ -35,6 +35,14 @@ def _rmsnorm(x, w, eps_bits):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + bits_float(eps_bits)) * w
 
 
+def _fma(a, b, c):
+    """float32 as the kernel computes it (in float64, one rounding of the sum; PyTorch's
+    CPU prims.fma rounds the product first); other dtypes as PyTorch's prims.fma."""
+    if a.dtype != torch.float32:
+        return torch.ops.prims.fma.default(a, b, c)
+    return (a.double() * b.double() + c.double()).to(torch.float32)
+
+
 def _prod(x, dims, keepdim):
     for d in sorted(dims, reverse=True):
         x = torch.prod(x, d, keepdim=bool(keepdim))
@@ -45,8 +53,7 @@ ADAPTERS = {
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
     "Gelu": lambda x: torch.ops.aten.gelu.default(x),
     "GeluTanh": lambda x: torch.ops.aten.gelu.default(x, approximate="tanh"),
-    # the kernel's fused multiply-add (PyTorch's CPU prims.fma rounds the product first)
-    "Fma": lambda a, b, c: (a.double() * b.double() + c.double()).to(torch.float32),
+    "Fma": _fma,
     "Softmax": lambda x, dim: torch.ops.aten._softmax.default(x, dim, False),
     "LogSoftmax": lambda x, dim: torch.ops.aten._log_softmax.default(x, dim, False),
     "LayerNorm": _layer_norm,

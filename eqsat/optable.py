@@ -122,9 +122,14 @@ def arange_exact(start: int, step: int, n: int, dtype: str) -> bool:
     return all(info.min <= v <= info.max for v in ends)
 
 
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32: in float64, one rounding of the sum (the kernel's formula); other dtypes
+    (host only): product and sum in the dtype, as PyTorch's CPU prims.fma."""
+    a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+    if a.dtype != np.float32:
+        return a * b + c
     f8 = np.float64
-    return (np.asarray(a, f8) * np.asarray(b, f8) + np.asarray(c, f8)).astype(np.float32)
+    return (a.astype(f8) * b.astype(f8) + c.astype(f8)).astype(np.float32)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -392,7 +397,7 @@ OPS: tuple[Op, ...] = (
         "Fma",
         3,
         "np.float32(np.float64({0}) * np.float64({1}) + np.float64({2}))",
-        _fma32,
+        _fma,
         ("f32",),
         ("prims.fma.default",),
         flops=2,
