@@ -678,6 +678,60 @@ def _only_first_result_used(node: torch.fx.Node) -> bool:
     return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
 
 
+def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
+    """max_pool2d with windows that tile the image (stride = kernel, no padding, no
+    dilation, floor mode), read only for its values: the image cut to whole windows, viewed
+    as [N, C, Ho, kh, Wo, kw], and the maximum over (kh, kw). NaN propagates as in PyTorch's
+    pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
+    differ (PyTorch keeps the first; a reduction's order is its own). Overlapping windows,
+    padding and the indices (a training forward's) are declined."""
+    x, kernel = node.args[0], list(node.args[1])
+    rest = list(node.args[2:]) + [None] * 4
+    stride = list(rest[0]) if rest[0] else kernel
+    padding = list(rest[1]) if rest[1] is not None else [0, 0]
+    dilation = list(rest[2]) if rest[2] is not None else [1, 1]
+    ceil_mode = bool(rest[3]) if rest[3] is not None else False
+    kernel, stride = (v * 2 if len(v) == 1 else v for v in (kernel, stride))
+    padding, dilation = (v * 2 if len(v) == 1 else v for v in (padding, dilation))
+    xn = imp.g.nodes[imp.env[x.name]]
+    if node.kwargs or not _only_first_result_used(node) or len(xn.shape) != 4:
+        return None
+    if stride != kernel or any(padding) or dilation != [1, 1] or ceil_mode:
+        return None
+    n, c, h, w = xn.shape
+    kh, kw = kernel
+    ho, wo = h // kh, w // kw
+    dtype, shape = _tensor_type(node, _meta(node)[0])
+    if shape != (n, c, ho, wo) or ho == 0 or wo == 0:
+        return None
+    cut = xn.name
+    if ho * kh != h:
+        cut = imp.add(
+            Node(
+                imp.fresh("pool_rows"),
+                "Slice",
+                (cut,),
+                (2, 0, ho * kh, 1),
+                dtype,
+                (n, c, ho * kh, w),
+            )
+        )
+    if wo * kw != w:
+        cut = imp.add(
+            Node(
+                imp.fresh("pool_cols"),
+                "Slice",
+                (cut,),
+                (3, 0, wo * kw, 1),
+                dtype,
+                (n, c, ho * kh, wo * kw),
+            )
+        )
+    windows = (n, c, ho, kh, wo, kw)
+    view = imp.add(Node(imp.fresh("pool_windows"), "View", (cut,), (windows,), dtype, windows))
+    return imp.add(Node(node.name, "Amax", (view,), ((3, 5), 0), dtype, shape), node.name)
+
+
 def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
     """native_layer_norm(x, shape, w, b, eps) -> (y, mean, rstd). y is a LayerNorm node. When
     mean or rstd is read too (a training forward saves them for the backward), they are
@@ -1016,6 +1070,7 @@ _HANDLERS = {
     "aten.pow.Tensor_Scalar": _h_pow,
     "aten.pow.Scalar": _h_pow,
     "aten.copy.default": _h_copy,
+    "aten.max_pool2d_with_indices.default": _h_max_pool2d,
 }
 
 

@@ -388,3 +388,38 @@ def test_pow_of_a_number_by_a_tensor():
     e = special((5,), seed=9)
     compile_and_compare(lambda e: torch.pow(0.9, e) + torch.pow(2.0, e), e)
     assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_max_pool_over_tiling_windows_is_a_reduction():
+    """Windows that tile the image (an uneven edge cut off, as floor mode does): the maximum
+    over a view of the windows. NaN in a window gives NaN; infinities as they are."""
+    x = special((2, 3, 9, 13), seed=10)
+
+    def f(x):
+        return torch.nn.functional.max_pool2d(x, 2) + 1, torch.nn.functional.max_pool2d(x, (3, 4))
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, dilation=2)]
+)
+def test_max_pool_with_overlapping_or_dilated_windows_stays_the_call(kw):
+    x = torch.randn(2, 3, 8, 8)
+    compile_and_compare(lambda x: torch.nn.functional.max_pool2d(x, **kw) * 2, x)
+    assert "aten.max_pool2d_with_indices.default" in host_ops(last_compiled().compiled.program)
+
+
+def test_max_pool_in_training_keeps_its_indices_call():
+    """The backward reads the argmax indices: the op stays the call, gradients as eager's."""
+    x = torch.randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    xd = x.to(DEV).requires_grad_()
+    out = torch.compile(lambda x: torch.nn.functional.max_pool2d(x, 2) * 3, backend="saturn")(xd)
+    out.sum().backward()
+    xc = x.clone().requires_grad_()
+    (torch.nn.functional.max_pool2d(xc, 2) * 3).sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+    forward = list(backend.CACHE.items.values())[-2].compiled.program
+    assert "aten.max_pool2d_with_indices.default" in host_ops(forward)
