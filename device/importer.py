@@ -681,10 +681,11 @@ def _only_first_result_used(node: torch.fx.Node) -> bool:
 def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     """max_pool2d with windows that tile the image (stride = kernel, no padding, no
     dilation, floor mode), read only for its values: the image cut to whole windows, viewed
-    as [N, C, Ho, kh, Wo, kw], and the maximum over (kh, kw). NaN propagates as in PyTorch's
-    pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
-    differ (PyTorch keeps the first; a reduction's order is its own). Overlapping windows,
-    padding and the indices (a training forward's) are declined."""
+    as [N, C, Ho, kh, Wo, kw] and permuted to [N, C, Ho, Wo, kh, kw], and the maximum over
+    the last two axes. NaN propagates as in PyTorch's pooling; where a window's maximum is
+    a zero held as both -0.0 and +0.0 the sign may differ (PyTorch keeps the first; a
+    reduction's order is its own). Overlapping windows, padding and the indices (a
+    training forward's) are declined."""
     x, kernel = node.args[0], list(node.args[1])
     rest = list(node.args[2:]) + [None] * 4
     stride = list(rest[0]) if rest[0] else kernel
@@ -729,7 +730,12 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
         )
     windows = (n, c, ho, kh, wo, kw)
     view = imp.add(Node(imp.fresh("pool_windows"), "View", (cut,), (windows,), dtype, windows))
-    return imp.add(Node(node.name, "Amax", (view,), ((3, 5), 0), dtype, shape), node.name)
+    # the window's axes last and adjacent (the GPU's reductions take adjacent axes)
+    last = (n, c, ho, wo, kh, kw)
+    perm = imp.add(
+        Node(imp.fresh("pool_perm"), "Permute", (view,), ((0, 1, 2, 4, 3, 5),), dtype, last)
+    )
+    return imp.add(Node(node.name, "Amax", (perm,), ((4, 5), 0), dtype, shape), node.name)
 
 
 def _h_layer_norm(imp: _Importer, node: torch.fx.Node):

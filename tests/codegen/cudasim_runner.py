@@ -95,6 +95,9 @@ GRAPHS = {
     "(let r (Fma a b c))\n(output r)",
     "arange_one_hot": "(input g f32 [3 5])\n(let i (Arange 0 1 5 i64))\n"
     "(let r (Where (Eq i (Scalar 2 i64)) g (Expand (Scalar 0 f32) [3 5])))\n(output r)",
+    "max_pool_windows": "(input x f32 [2 3 9 13])\n(let a (Slice x 2 0 8 1))\n"
+    "(let c (Slice a 3 0 12 1))\n(let v (View c [2 3 4 2 6 2]))\n"
+    "(let p (Permute v [0 1 2 4 3 5]))\n(let r (Amax p [4 5] 0))\n(output r)",
     "row_sum_sq": "(input x f32 [9 40])\n(let r (Sum (Mul x x) [1] 1))\n(output r)",
     "row_max_long": "(input x f32 [2 1100])\n(let r (Amax x [1] 0))\n(output r)",
     "col_mean": "(input x f32 [30 9])\n(let r (Mean x [0] 0))\n(output r)",

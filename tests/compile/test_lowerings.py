@@ -402,6 +402,36 @@ def test_max_pool_over_tiling_windows_is_a_reduction():
     assert host_ops(last_compiled().compiled.program) == []
 
 
+def test_max_pool_kernels_are_ones_the_gpu_emitter_takes():
+    """The GPU's reductions take adjacent axes: the windows' axes are permuted last."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.codegen import cuda as cg
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    progs = []
+
+    def capture(gm, _example):
+        progs.append(compile_graph(import_graph(gm).graph, machine="gpu", io_on_device=True))
+        return gm.forward
+
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda x: torch.nn.functional.max_pool2d(x, (2, 3)),
+        backend=aot_autograd(fw_compiler=capture, decompositions=decompositions.table()),
+        dynamic=False,
+    )
+    with torch.no_grad():
+        fn(torch.randn(2, 3, 9, 13))
+    (compiled,) = progs
+    kernels = compiled.program.kernels
+    assert [k.kind for k in kernels] == ["reduce"]
+    for k in kernels:
+        cg.generate(k)  # raises for a reduction it does not take
+
+
 @pytest.mark.parametrize(
     "kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, dilation=2)]
 )
