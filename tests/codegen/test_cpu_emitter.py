@@ -78,3 +78,21 @@ def test_golden_program_on_cpu_kernels(path):
     assert ran > 0
     for w, g in zip(want, got, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_kernels_give_ieee_results_not_exceptions():
+    """x / 0.0, log(0.0), sqrt(-1.0), rsqrt(-0.0): inf, -inf and NaN as PyTorch (and the CUDA
+    target) give them; Numba's default error model raised ZeroDivisionError and ValueError."""
+    from saturn.eqsat.graph import parse_graph
+
+    text = (
+        "(input x f32 [6])\n(input y f32 [6])\n"
+        "(let r (Add (Add (Div x y) (Log x)) (Add (Sqrt x) (Rsqrt x))))\n(output r)\n"
+    )
+    graph = parse_graph(text)
+    prog = compile_graph(graph, machine="cpu-reference").program
+    x = np.array([1.0, -1.0, 0.0, -0.0, 4.0, np.inf], dtype=np.float32)
+    y = np.array([0.0, -0.0, 0.0, 0.0, 2.0, 0.0], dtype=np.float32)
+    (got,), ran = run_program_with_cpu_kernels(prog, {"x": x, "y": y})
+    (want,) = ev.eval_graph(graph, {"x": x, "y": y})
+    assert ran >= 1 and np.array_equal(got, want, equal_nan=True), (got, want)
