@@ -856,6 +856,100 @@ def _h_copy(imp: _Importer, node: torch.fx.Node):
     return out
 
 
+def _ew_node(imp: _Importer, op: str, args, dtype: str, shape) -> str:
+    """One elementwise node over built names (str), fx tensors or Python numbers."""
+    names = tuple(a if isinstance(a, str) else imp.operand(a, dtype) for a in args)
+    return imp.add(Node(imp.fresh(op.lower()), op, names, (), dtype, shape))
+
+
+def _foreach_one(kind: str, args: list, kwargs: dict, dtype: str, shape, imp) -> str | None:
+    """The value at one position of ``_foreach_<kind>``: the single-tensor op's formula."""
+
+    def ew(op, *xs):
+        return _ew_node(imp, op, xs, dtype, shape)
+
+    if kind in ("add", "sub"):
+        a, b = args[:2]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        if type(alpha) not in (int, float) or (type(alpha) is float and dtype not in ot.FLOATS):
+            return None
+        if alpha != 1:
+            b = ew("Mul", b, alpha)
+        return ew("Add" if kind == "add" else "Sub", a, b)
+    if kind in ("mul", "div", "maximum", "minimum"):
+        op = {"mul": "Mul", "div": "Div", "maximum": "Maximum", "minimum": "Minimum"}[kind]
+        return ew(op, *args[:2])
+    if kind in ("neg", "sqrt", "reciprocal", "exp", "abs"):
+        return ew(kind.capitalize(), args[0])
+    if kind == "pow":
+        return ew("Pow", *args[:2])
+    if kind in ("addcmul", "addcdiv"):  # self + value * (t1 op t2): fused, as the one-tensor op
+        x, t1, t2 = args[:3]
+        value = kwargs.get("value", args[3] if len(args) > 3 else 1)
+        if type(value) not in (int, float) or dtype not in ot.FLOATS:
+            return None
+        prod = ew("Mul" if kind == "addcmul" else "Div", t1, t2)
+        if dtype == "f32":
+            return ew("Fma", prod, value, x)
+        return ew("Add", x, ew("Mul", prod, value))
+    if kind == "lerp":  # PyTorch's lerp: from the nearer end (the weight is a number here)
+        x, end, w = args[:3]
+        if type(w) not in (int, float) or dtype not in ot.FLOATS:
+            return None
+        diff = ew("Sub", end, x)
+        if abs(w) < 0.5:
+            return ew("Add", x, ew("Mul", w, diff))
+        one_minus = float(np.float32(1) - np.float32(w)) if dtype == "f32" else 1.0 - w
+        return ew("Sub", end, ew("Mul", diff, one_minus))
+    return None
+
+
+def _h_foreach(kind: str):
+    """``_foreach_<kind>`` (an optimizer's default, multi-tensor form): the single-tensor
+    op at each position, read by the getitems that follow; declined as a whole when any
+    position is (then the call runs on the host)."""
+
+    def handler(imp: _Importer, node: torch.fx.Node):
+        metas = _meta(node)
+        if not isinstance(metas, list | tuple) or not metas:
+            return None
+        lists = [a for a in node.args if isinstance(a, list | tuple)]
+        if not lists or any(len(a) != len(metas) for a in lists):
+            return None
+        names = []
+        for i, meta in enumerate(metas):
+            args = [a[i] if isinstance(a, list | tuple) else a for a in node.args]
+            dtype, shape = _tensor_type(node, meta)
+            name = _foreach_one(kind, args, dict(node.kwargs), dtype, shape, imp)
+            if name is None:
+                return None  # nodes built so far are read by nothing
+            imp.fx_names[name] = f"{node.name}[{i}]"
+            names.append(name)
+        imp.results[node.name] = tuple(names)
+        return names[0]
+
+    return handler
+
+
+_FOREACH = {
+    "add": ("Scalar", "List"),
+    "sub": ("Scalar", "List"),
+    "mul": ("Scalar", "List", "Tensor"),
+    "div": ("Scalar", "List", "Tensor"),
+    "maximum": ("List",),
+    "minimum": ("List",),
+    "neg": ("default",),
+    "sqrt": ("default",),
+    "reciprocal": ("default",),
+    "exp": ("default",),
+    "abs": ("default",),
+    "pow": ("ScalarAndTensor", "Scalar", "List"),
+    "addcmul": ("Scalar",),
+    "addcdiv": ("Scalar",),
+    "lerp": ("Scalar",),
+}
+
+
 def _h_select(imp: _Importer, node: torch.fx.Node):
     """select(x, dim, i): the slice [i, i + 1) along dim, viewed without that axis (views,
     exact for every value). A negative or symbolic index is declined (kept as the call)."""
@@ -1077,6 +1171,11 @@ _HANDLERS = {
     "aten.pow.Scalar": _h_pow,
     "aten.copy.default": _h_copy,
     "aten.max_pool2d_with_indices.default": _h_max_pool2d,
+    **{
+        f"aten._foreach_{kind}.{overload}": _h_foreach(kind)
+        for kind, overloads in _FOREACH.items()
+        for overload in overloads
+    },
 }
 
 

@@ -453,3 +453,38 @@ def test_max_pool_in_training_keeps_its_indices_call():
     torch.testing.assert_close(xd.grad.cpu(), xc.grad)
     forward = list(backend.CACHE.items.values())[-2].compiled.program
     assert "aten.max_pool2d_with_indices.default" in host_ops(forward)
+
+
+def test_foreach_ops_are_the_single_tensor_ops():
+    """The multi-tensor forms an optimizer uses by default: each position is the one-tensor
+    op's formula (lerp from the nearer end, addcmul/addcdiv fused), NaN and infinities as
+    eager's."""
+    a, b, c = special((3, 5), seed=11), special((6,), seed=12), special((3, 5), seed=13)
+    d = special((6,), seed=14)
+
+    def f(a, b, c, d):
+        out = []
+        out += torch._foreach_add([a, b], [c, d], alpha=0.5)
+        out += torch._foreach_sub([a, b], 2.0)
+        out += torch._foreach_mul([a, b], 0.9)
+        out += torch._foreach_div([a, b], [c, d])
+        out += torch._foreach_lerp([a, b], [c, d], 0.3)
+        out += torch._foreach_lerp([a, b], [c, d], 0.8)
+        out += torch._foreach_addcmul([a, b], [c, d], [c, d], value=0.001)
+        out += torch._foreach_addcdiv([a, b], [c, d], [a, b], value=-0.01)
+        out += torch._foreach_pow(0.9, [c.abs(), d.abs()])
+        out += torch._foreach_sqrt([a.abs(), b.abs()])
+        out += torch._foreach_reciprocal([a, b])
+        out += torch._foreach_neg([a, b])
+        return tuple(out)
+
+    compile_and_compare(f, a, b, c, d)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_foreach_that_a_position_declines_stays_the_call():
+    """addcmul of integers has no fused form here: the whole multi-tensor call stays the
+    call (on the host), with eager's values."""
+    a = torch.randint(-5, 5, (3,))
+    compile_and_compare(lambda a: torch._foreach_addcmul([a, a], [a, a], [a, a])[1] * 2, a)
+    assert host_ops(last_compiled().compiled.program) == ["aten._foreach_addcmul.Scalar", "Item"]

@@ -167,21 +167,23 @@ def test_gpt_style_model_gradients_match_eager(dev):
         assert not [h for h in host if any(w in h for w in lowered)], host
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", ["sgd", "adamw", "sgd-foreach", "adamw-foreach"])
 def test_compiled_optimizer_step_matches_eager(kind):
     """opt.step compiled by saturn (saturn:0): SGD with momentum (p.add_(buf, alpha=-lr))
-    and AdamW (CPU step counters beside saturn tensors, beta ** step, addcmul's fma). No op
-    of the compiled step runs through the CPU fallback, none stays on the host, and the
-    parameters match eager CPU training after 20 steps."""
+    and AdamW (CPU step counters beside saturn tensors, beta ** step, addcmul's fma), in
+    their one-tensor and (PyTorch's default) multi-tensor forms. No op of the compiled step
+    runs through the CPU fallback, none stays on the host, and the parameters match eager
+    CPU training after 20 steps."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     ref, dev = copy.deepcopy(model), copy.deepcopy(model).to(DEV)
 
     def make(params):
-        if kind == "sgd":
-            return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=False)
-        return torch.optim.AdamW(params, lr=1e-2, foreach=False)
+        foreach = kind.endswith("-foreach")
+        if kind.startswith("sgd"):
+            return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=foreach)
+        return torch.optim.AdamW(params, lr=1e-2, foreach=foreach)
 
     opt_ref, opt_dev = make(ref.parameters()), make(dev.parameters())
     step = torch.compile(opt_dev.step, backend="saturn")
