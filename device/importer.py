@@ -705,29 +705,15 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     dtype, shape = _tensor_type(node, _meta(node)[0])
     if shape != (n, c, ho, wo) or ho == 0 or wo == 0:
         return None
-    cut = xn.name
-    if ho * kh != h:
-        cut = imp.add(
-            Node(
-                imp.fresh("pool_rows"),
-                "Slice",
-                (cut,),
-                (2, 0, ho * kh, 1),
-                dtype,
-                (n, c, ho * kh, w),
+    cut, extent = xn.name, [n, c, h, w]
+    for dim, whole in ((2, ho * kh), (3, wo * kw)):  # floor mode: the partial windows go
+        if whole != extent[dim]:
+            extent[dim] = whole
+            cut = imp.add(
+                Node(
+                    imp.fresh("pool_cut"), "Slice", (cut,), (dim, 0, whole, 1), dtype, tuple(extent)
+                )
             )
-        )
-    if wo * kw != w:
-        cut = imp.add(
-            Node(
-                imp.fresh("pool_cols"),
-                "Slice",
-                (cut,),
-                (3, 0, wo * kw, 1),
-                dtype,
-                (n, c, ho * kh, wo * kw),
-            )
-        )
     windows = (n, c, ho, kh, wo, kw)
     view = imp.add(Node(imp.fresh("pool_windows"), "View", (cut,), (windows,), dtype, windows))
     # the window's axes last and adjacent (the GPU's reductions take adjacent axes)
