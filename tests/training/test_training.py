@@ -205,3 +205,43 @@ def test_compiled_optimizer_step_matches_eager(kind):
     assert_parameters_match(ref, dev)
     prog = next(reversed(backend.CACHE.items.values())).compiled.program
     assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
+
+
+def test_training_and_optimizer_graphs_emit_gpu_kernels():
+    """Without a GPU: a GPT-style model's forward and backward graphs and a default AdamW
+    step, compiled for the GPU machine, lower to kernels the CUDA emitter takes (no host
+    step in the optimizer's, every loop, reduction and rows kernel generates)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.codegen import cuda as cg
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    programs = []
+
+    def capture(gm, _example):
+        graph = import_graph(gm, replacements=True).graph
+        programs.append(compile_graph(graph, machine="gpu", io_on_device=True).program)
+        return gm.forward
+
+    backend_ = aot_autograd(
+        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
+    )
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyGPT().to(DEV)
+    idx, tgt = torch.randint(0, 50, (2, 16)), torch.randint(0, 50, (2, 16))
+    torch.compile(model, backend=backend_, dynamic=False)(idx.to(DEV), tgt.to(DEV)).backward()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.step()  # the state exists: the compiled step is the steady one
+    torch.compile(opt.step, backend=backend_)()
+    assert len(programs) == 3
+    assert programs[2].count("host") == 0 and programs[2].count("crossing") == 0
+    kinds = set()
+    for prog in programs:
+        for k in prog.kernels:
+            if k.kind in ("loop", "reduce", "rows"):
+                cg.generate(k)  # raises for a kernel the emitter does not take
+                kinds.add(k.kind)
+    assert kinds == {"loop", "reduce", "rows"}
