@@ -111,7 +111,7 @@ def test_swapped_or_dropped_gradient_position_is_caught():
 
 
 class TinyGPT(torch.nn.Module):
-    """Token and position embeddings, pre-norm blocks with causal attention, tied-free head,
+    """Token and position embeddings, pre-norm blocks with causal attention, an untied head,
     cross-entropy: the ops a language model's training step brings."""
 
     def __init__(self, vocab=50, d=32, heads=4, blocks=2, ctx=16):
