@@ -678,32 +678,19 @@ def _only_first_result_used(node: torch.fx.Node) -> bool:
     return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
 
 
-def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
-    """max_pool2d with windows that tile the image (stride = kernel, no padding, no
-    dilation, floor mode), read only for its values: the image cut to whole windows, viewed
-    as [N, C, Ho, kh, Wo, kw] and permuted to [N, C, Ho, Wo, kh, kw], and the maximum over
-    the last two axes. NaN propagates as in PyTorch's pooling; where a window's maximum is
-    a zero held as both -0.0 and +0.0 the sign may differ (PyTorch keeps the first; a
-    reduction's order is its own). Overlapping windows, padding and the indices (a
-    training forward's) are declined."""
-    x, kernel = node.args[0], list(node.args[1])
-    rest = list(node.args[2:]) + [None] * 4
-    stride = list(rest[0]) if rest[0] else kernel
-    padding = list(rest[1]) if rest[1] is not None else [0, 0]
-    dilation = list(rest[2]) if rest[2] is not None else [1, 1]
-    ceil_mode = bool(rest[3]) if rest[3] is not None else False
-    kernel, stride = (v * 2 if len(v) == 1 else v for v in (kernel, stride))
-    padding, dilation = (v * 2 if len(v) == 1 else v for v in (padding, dilation))
-    xn = imp.g.nodes[imp.env[x.name]]
-    if node.kwargs or not _only_first_result_used(node) or len(xn.shape) != 4:
-        return None
-    if stride != kernel or any(padding) or dilation != [1, 1] or ceil_mode:
+def _pool_windows(imp: _Importer, x: str, kernel, stride, padding, ceil_mode, out) -> str | None:
+    """The windows of a 2-D pool that tile the image (stride = kernel, no padding, floor
+    mode) as ``[N, C, Ho, Wo, kh, kw]`` views: the image cut to whole windows, viewed with
+    the window split out, the window's axes permuted last (the GPU's reductions take
+    adjacent axes). None for any other pool (overlapping or padded windows)."""
+    kernel, stride, padding = ([*v] * 2 if len(v) == 1 else [*v] for v in (kernel, stride, padding))
+    xn = imp.g.nodes[x]
+    if len(xn.shape) != 4 or stride != kernel or any(padding) or ceil_mode:
         return None
     n, c, h, w = xn.shape
-    kh, kw = kernel
+    (kh, kw), dtype = kernel, xn.dtype
     ho, wo = h // kh, w // kw
-    dtype, shape = _tensor_type(node, _meta(node)[0])
-    if shape != (n, c, ho, wo) or ho == 0 or wo == 0:
+    if out != (n, c, ho, wo) or ho == 0 or wo == 0:
         return None
     cut, extent = xn.name, [n, c, h, w]
     for dim, whole in ((2, ho * kh), (3, wo * kw)):  # floor mode: the partial windows go
@@ -716,12 +703,51 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
             )
     windows = (n, c, ho, kh, wo, kw)
     view = imp.add(Node(imp.fresh("pool_windows"), "View", (cut,), (windows,), dtype, windows))
-    # the window's axes last and adjacent (the GPU's reductions take adjacent axes)
     last = (n, c, ho, wo, kh, kw)
-    perm = imp.add(
+    return imp.add(
         Node(imp.fresh("pool_perm"), "Permute", (view,), ((0, 1, 2, 4, 3, 5),), dtype, last)
     )
-    return imp.add(Node(node.name, "Amax", (perm,), ((4, 5), 0), dtype, shape), node.name)
+
+
+def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
+    """max_pool2d over windows that tile the image, read only for its values (inference):
+    the maximum over each window (``_pool_windows``). NaN propagates as in PyTorch's
+    pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
+    differ (PyTorch keeps the first; a reduction's order is its own). Overlapping windows,
+    padding, dilation and the indices (a training forward's) are declined."""
+    x, kernel = node.args[0], list(node.args[1])
+    rest = list(node.args[2:]) + [None] * 4
+    stride = list(rest[0]) if rest[0] else kernel
+    padding = list(rest[1]) if rest[1] is not None else [0]
+    dilation = list(rest[2]) if rest[2] is not None else [1]
+    ceil_mode = bool(rest[3]) if rest[3] is not None else False
+    if node.kwargs or not _only_first_result_used(node) or any(d != 1 for d in dilation):
+        return None
+    dtype, shape = _tensor_type(node, _meta(node)[0])
+    win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
+    if win is None:
+        return None
+    return imp.add(Node(node.name, "Amax", (win,), ((4, 5), 0), dtype, shape), node.name)
+
+
+def _h_avg_pool2d(imp: _Importer, node: torch.fx.Node):
+    """avg_pool2d over windows that tile the image: the mean of each window (no padding, so
+    count_include_pad does not matter; a divisor override is declined). NaN and infinities
+    as in PyTorch's pooling (a sum of the window, divided)."""
+    x, kernel = node.args[0], list(node.args[1])
+    rest = list(node.args[2:]) + [None] * 5
+    stride = list(rest[0]) if rest[0] else kernel
+    padding = list(rest[1]) if rest[1] is not None else [0]
+    ceil_mode = bool(rest[2]) if rest[2] is not None else False
+    if node.kwargs or rest[4] is not None:  # divisor_override
+        return None
+    dtype, shape = _tensor_type(node)
+    if dtype not in ot.FLOATS:
+        return None
+    win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
+    if win is None:
+        return None
+    return imp.add(Node(node.name, "Mean", (win,), ((4, 5), 0), dtype, shape), node.name)
 
 
 def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
@@ -1157,6 +1183,7 @@ _HANDLERS = {
     "aten.pow.Scalar": _h_pow,
     "aten.copy.default": _h_copy,
     "aten.max_pool2d_with_indices.default": _h_max_pool2d,
+    "aten.avg_pool2d.default": _h_avg_pool2d,
     **{
         f"aten._foreach_{kind}.{overload}": _h_foreach(kind)
         for kind, overloads in _FOREACH.items()

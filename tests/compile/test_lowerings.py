@@ -402,7 +402,7 @@ def test_max_pool_over_tiling_windows_is_a_reduction():
     assert host_ops(last_compiled().compiled.program) == []
 
 
-def test_max_pool_kernels_are_ones_the_gpu_emitter_takes():
+def test_pool_kernels_are_ones_the_gpu_emitter_takes():
     """The GPU's reductions take adjacent axes: the windows' axes are permuted last."""
     from torch._dynamo.backends.common import aot_autograd
 
@@ -419,7 +419,10 @@ def test_max_pool_kernels_are_ones_the_gpu_emitter_takes():
 
     torch._dynamo.reset()
     fn = torch.compile(
-        lambda x: torch.nn.functional.max_pool2d(x, (2, 3)),
+        lambda x: (
+            torch.nn.functional.max_pool2d(x, (2, 3)),
+            torch.nn.functional.avg_pool2d(x, (2, 3)),
+        ),
         backend=aot_autograd(fw_compiler=capture, decompositions=decompositions.table()),
         dynamic=False,
     )
@@ -427,7 +430,7 @@ def test_max_pool_kernels_are_ones_the_gpu_emitter_takes():
         fn(torch.randn(2, 3, 9, 13))
     (compiled,) = progs
     kernels = compiled.program.kernels
-    assert [k.kind for k in kernels] == ["reduce"]
+    assert [k.kind for k in kernels] == ["reduce", "reduce"]
     for k in kernels:
         cg.generate(k)  # raises for a reduction it does not take
 
@@ -488,3 +491,22 @@ def test_foreach_that_a_position_declines_stays_the_call():
     a = torch.randint(-5, 5, (3,))
     compile_and_compare(lambda a: torch._foreach_addcmul([a, a], [a, a], [a, a])[1] * 2, a)
     assert host_ops(last_compiled().compiled.program) == ["aten._foreach_addcmul.Scalar", "Item"]
+
+
+def test_avg_pool_over_tiling_windows_is_a_mean():
+    x = special((2, 3, 9, 13), seed=15)
+
+    def f(x):
+        return torch.nn.functional.avg_pool2d(x, 2) * 2, torch.nn.functional.avg_pool2d(x, (3, 4))
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, divisor_override=3)]
+)
+def test_avg_pool_with_overlap_or_a_divisor_override_stays_the_call(kw):
+    x = torch.randn(2, 3, 8, 8)
+    compile_and_compare(lambda x: torch.nn.functional.avg_pool2d(x, **kw) * 2, x)
+    assert "aten.avg_pool2d.default" in host_ops(last_compiled().compiled.program)
