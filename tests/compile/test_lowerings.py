@@ -436,12 +436,19 @@ def test_pool_kernels_are_ones_the_gpu_emitter_takes():
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, dilation=2)]
+    "pool,kw,call",
+    [
+        ("max", dict(kernel_size=3, stride=2, padding=1), "aten.max_pool2d_with_indices.default"),
+        ("max", dict(kernel_size=2, dilation=2), "aten.max_pool2d_with_indices.default"),
+        ("avg", dict(kernel_size=3, stride=2, padding=1), "aten.avg_pool2d.default"),
+        ("avg", dict(kernel_size=2, divisor_override=3), "aten.avg_pool2d.default"),
+    ],
 )
-def test_max_pool_with_overlapping_or_dilated_windows_stays_the_call(kw):
+def test_pool_with_overlap_dilation_or_a_divisor_override_stays_the_call(pool, kw, call):
+    fn = getattr(torch.nn.functional, f"{pool}_pool2d")
     x = torch.randn(2, 3, 8, 8)
-    compile_and_compare(lambda x: torch.nn.functional.max_pool2d(x, **kw) * 2, x)
-    assert "aten.max_pool2d_with_indices.default" in host_ops(last_compiled().compiled.program)
+    compile_and_compare(lambda x: fn(x, **kw) * 2, x)
+    assert call in host_ops(last_compiled().compiled.program)
 
 
 def test_max_pool_in_training_keeps_its_indices_call():
@@ -501,12 +508,3 @@ def test_avg_pool_over_tiling_windows_is_a_mean():
 
     compile_and_compare(f, x)
     assert host_ops(last_compiled().compiled.program) == []
-
-
-@pytest.mark.parametrize(
-    "kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, divisor_override=3)]
-)
-def test_avg_pool_with_overlap_or_a_divisor_override_stays_the_call(kw):
-    x = torch.randn(2, 3, 8, 8)
-    compile_and_compare(lambda x: torch.nn.functional.avg_pool2d(x, **kw) * 2, x)
-    assert "aten.avg_pool2d.default" in host_ops(last_compiled().compiled.program)
