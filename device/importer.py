@@ -369,25 +369,26 @@ def _h_binary_alpha(row_name: str):
         if set(node.kwargs) - {"alpha"} or len(node.args) != 2:
             return None
         dtype, shape = _tensor_type(node)
-        if type(alpha) not in (int, float) or (type(alpha) is float and dtype not in ot.FLOATS):
+        if not _alpha_ok(alpha, dtype):
             return None
         a, b = node.args
-        args = [imp.operand(a, dtype), imp.operand(b, dtype)]
-        if alpha != 1:
-            bt = imp.g.nodes[args[1]]
-            args[1] = imp.add(
-                Node(
-                    imp.fresh("alpha"),
-                    "Mul",
-                    (bt.name, imp.scalar(alpha, dtype)),
-                    (),
-                    dtype,
-                    bt.shape,
-                )
-            )
-        return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+        args = (imp.operand(a, dtype), _scaled(imp, b, alpha, dtype))
+        return imp.add(Node(node.name, row_name, args, (), dtype, shape), node.name)
 
     return h
+
+
+def _alpha_ok(alpha, dtype: str) -> bool:
+    """add/sub's alpha: a number of the op's kind (a float alpha for integers declines)."""
+    return type(alpha) is int or (type(alpha) is float and dtype in ot.FLOATS)
+
+
+def _scaled(imp: _Importer, b, alpha, dtype: str) -> str:
+    """``b * alpha`` in b's own shape (it may broadcast against the other operand)."""
+    name = b if isinstance(b, str) else imp.operand(b, dtype)
+    if alpha == 1:
+        return name
+    return _ew_node(imp, "Mul", (name, alpha), dtype, imp.g.nodes[name].shape)
 
 
 def _h_rsub(imp: _Importer, node: torch.fx.Node):
@@ -646,9 +647,22 @@ def _h_matmul(row_name: str):
         args = [imp.env[a.name] for a in node.args[:2]]
         if any(imp.g.nodes[a].dtype != dtype for a in args):
             return None
-        return imp.add(Node(node.name, row_name, tuple(args), (), dtype, shape), node.name)
+        return imp.add(Node(node.name, row_name, args, (), dtype, shape), node.name)
 
     return h
+
+
+def _alpha_ok(alpha, dtype: str) -> bool:
+    """add/sub's alpha: a number of the op's kind (a float alpha for integers declines)."""
+    return type(alpha) is int or (type(alpha) is float and dtype in ot.FLOATS)
+
+
+def _scaled(imp: _Importer, b, alpha, dtype: str) -> str:
+    """``b * alpha`` in b's own shape (it may broadcast against the other operand)."""
+    name = b if isinstance(b, str) else imp.operand(b, dtype)
+    if alpha == 1:
+        return name
+    return _ew_node(imp, "Mul", (name, alpha), dtype, imp.g.nodes[name].shape)
 
 
 def _h_addmm(imp: _Importer, node: torch.fx.Node):
@@ -883,11 +897,9 @@ def _foreach_one(kind: str, args: list, kwargs: dict, dtype: str, shape, imp) ->
     if kind in ("add", "sub"):
         a, b = args[:2]
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-        if type(alpha) not in (int, float) or (type(alpha) is float and dtype not in ot.FLOATS):
+        if not _alpha_ok(alpha, dtype):
             return None
-        if alpha != 1:
-            b = ew("Mul", b, alpha)
-        return ew("Add" if kind == "add" else "Sub", a, b)
+        return ew("Add" if kind == "add" else "Sub", a, _scaled(imp, b, alpha, dtype))
     if kind in ("mul", "div", "maximum", "minimum"):
         op = {"mul": "Mul", "div": "Div", "maximum": "Maximum", "minimum": "Minimum"}[kind]
         return ew(op, *args[:2])
@@ -1063,9 +1075,7 @@ def _h_clamp(kind: str):
         out = xn.name
         for v, op in ((lo, "Maximum"), (hi, "Minimum")):
             if v is not None:
-                out = imp.add(
-                    Node(imp.fresh("clamp"), op, (out, imp.scalar(v, dtype)), (), dtype, shape)
-                )
+                out = _ew_node(imp, op, (out, v), dtype, shape)
         imp.fx_names[out] = node.name
         return out
 

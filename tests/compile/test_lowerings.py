@@ -376,6 +376,8 @@ def test_add_with_alpha_and_functional_copy():
     src's values in dst's dtype and shape."""
     x, y = special((4, 6)), special((4, 6), seed=8)
     compile_and_compare(lambda x, y: torch.add(x, y, alpha=-0.01) - torch.sub(x, y, alpha=3), x, y)
+    compile_and_compare(lambda x, y: torch.add(x, y[0], alpha=0.5), x, y)  # b broadcasts
+    assert host_ops(last_compiled().compiled.program) == []
     i = torch.randint(-5, 5, (4, 6))
     compile_and_compare(lambda i: torch.add(i, i, alpha=3), i)
     assert host_ops(last_compiled().compiled.program) == []
