@@ -3,7 +3,9 @@
 What is timed (device time by CUDA events, median of repeats, after warm-up):
   copy        torch device-to-device copy of 1 GiB: the bandwidth ceiling (read + write)
   chain       sigmoid(relu(a*b+c)) on 64M float32: eager, Inductor (default), saturn's loop
-  row/col     sum over rows / columns of an 8192 x 8192 float32 matrix: torch.sum vs saturn
+  sums        sum over rows / columns of an 8192 x 8192 float32 matrix, of 64M float32 to
+              one value, over the 16384 rows of a 16384 x 1024 matrix: torch.sum vs saturn
+              (the last two split their reduced axis)
   transpose   packing a transposed 8192 x 8192 float32 matrix: Tensor.contiguous vs saturn
   launch      host time of one saturn launch (cuda.core, no dispatcher), median of 2000
 Bandwidth counts each input read once and each output written once.
@@ -99,26 +101,39 @@ def main() -> None:
         rows.append((name, tt, bytes_chain / tt / 1e9))
     a = b = c = sa = sb = sc = out = None
 
-    # reductions
-    m = torch.randn(8192, 8192, device="cuda")
-    sm = m.cpu().to(GPU)
-    for label, dim, text_dims in (("row sum", 1, "[1]"), ("column sum", 0, "[0]")):
-        t_torch = events_ms(lambda dim=dim: m.sum(dim))
+    # reductions: wide ones, and narrow ones (a loss, a bias gradient) that split
+    cases = (
+        ("row sum", (8192, 8192), 1),
+        ("column sum", (8192, 8192), 0),
+        ("full sum 64M", (64 << 20,), 0),
+        ("column sum 16384x1024", (16384, 1024), 0),
+    )
+    for label, shape, dim in cases:
+        m = torch.randn(*shape, device="cuda")
+        sm = m.cpu().to(GPU)
+        t_torch = events_ms(lambda dim=dim, m=m: m.sum(dim))
         kern, _ = kernel_of(
-            f"(input x f32 [8192 8192])\n(let r (Sum x {text_dims} 0))\n(output r)\n"
+            f"(input x f32 [{' '.join(map(str, shape))}])\n(let r (Sum x [{dim}] 0))\n(output r)\n"
         )
-        o = torch.empty(8192, device=GPU)
+        o = torch.empty(m.sum(dim).shape, device=GPU)
+        ws = torch.empty(max(kern.workspace_bytes(), 1), dtype=torch.uint8, device=GPU)
         t_s = events_ms(
-            lambda kern=kern, o=o: kern.launch(
-                sh, o.data_ptr(), [sm.data_ptr()], [(8192, 8192)], [(8192, 1)]
+            lambda kern=kern, o=o, sm=sm, ws=ws: kern.launch(
+                sh,
+                o.data_ptr(),
+                [sm.data_ptr()],
+                [tuple(sm.shape)],
+                [sm.stride()],
+                workspace=lambda n: ws.data_ptr(),
             ),
             stream,
         )
         ok = torch.allclose(o.cpu(), m.sum(dim).cpu(), rtol=1e-4, atol=1e-2)
+        how = f"split {kern.split[0]}" if kern.split else kern.g.style
         rows.append((f"{label} torch.sum", t_torch, m.numel() * 4 / t_torch / 1e9))
-        rows.append(
-            (f"{label} saturn ({kern.g.style}, match={ok})", t_s, m.numel() * 4 / t_s / 1e9)
-        )
+        rows.append((f"{label} saturn ({how}, match={ok})", t_s, m.numel() * 4 / t_s / 1e9))
+    m = torch.randn(8192, 8192, device="cuda")
+    sm = m.cpu().to(GPU)
 
     # packing a transposed matrix
     mt = m.t()

@@ -1,5 +1,7 @@
 """Eager kernels written in Python for saturn tensors: ``clone`` (and so ``contiguous``)
-runs saturn's strided copy kernel on a GPU, with no trip through the host."""
+runs saturn's strided copy kernel on a GPU, and ``fill_`` (and so ``ones_like``,
+``full``, a backward pass's seed gradient) the driver's memset, with no trip through the
+host."""
 
 from __future__ import annotations
 
@@ -62,3 +64,69 @@ def clone(x: torch.Tensor, memory_format=None) -> torch.Tensor:
 
 
 _lib.impl("clone", clone, "PrivateUse1")
+
+_DRIVER = None
+
+
+def cuda_driver():
+    """cuda.bindings' driver module, imported once."""
+    global _DRIVER
+    if _DRIVER is None:
+        from cuda.bindings import driver
+
+        _DRIVER = driver
+    return _DRIVER
+
+
+def _check(res, what: str) -> None:
+    if res[0] != cuda_driver().CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"saturn: {what} failed: {res[0]!r}")
+
+
+def memset_pattern(ptr: int, pattern: bytes, count: int, stream: int) -> None:
+    """Write ``count`` copies of the element ``pattern`` (1 to 16 bytes) from ``ptr``:
+    one memset of bytes, 16-bit or 32-bit words; wider elements whose 32-bit words differ
+    as one pitched memset per word (each word of every element, ``len(pattern)`` apart)."""
+    d = cuda_driver()
+    width = len(pattern)
+    if width == 1:
+        return _check(d.cuMemsetD8Async(ptr, pattern[0], count, stream), "cuMemsetD8Async")
+    if width == 2:
+        word = int.from_bytes(pattern, "little")
+        return _check(d.cuMemsetD16Async(ptr, word, count, stream), "cuMemsetD16Async")
+    words = [int.from_bytes(pattern[i : i + 4], "little") for i in range(0, width, 4)]
+    if len(set(words)) == 1:
+        n = count * len(words)
+        return _check(d.cuMemsetD32Async(ptr, words[0], n, stream), "cuMemsetD32Async")
+    for j, word in enumerate(words):
+        res = d.cuMemsetD2D32Async(ptr + 4 * j, width, word, 1, count, stream)
+        _check(res, "cuMemsetD2D32Async")
+
+
+def fill_(x: torch.Tensor, value) -> torch.Tensor:
+    """``Tensor.fill_`` with a number. The value is converted as PyTorch's CPU ``fill_``
+    converts it (raising where it does not fit the dtype), then its bytes are written: on a
+    GPU by memset when ``x`` covers its span densely, otherwise through a copy (saturn:0:
+    host memory; a strided GPU view: staged through the host, keeping the bytes between)."""
+    one = torch.full((), value, dtype=x.dtype)
+    if x.numel() == 0:
+        return x
+    index = x.device.index
+    if (
+        index == 0
+        or not is_non_overlapping_and_dense(x)
+        or x.element_size() not in (1, 2, 4, 8, 16)
+    ):
+        return x.copy_(one)
+    pattern = one.reshape(1).view(torch.uint8).numpy().tobytes()
+    with torch.saturn.device(index):
+        memset_pattern(x.data_ptr(), pattern, x.numel(), torch.saturn.stream_handle(index))
+    return x
+
+
+def zero_(x: torch.Tensor) -> torch.Tensor:
+    return fill_(x, 0)
+
+
+_lib.impl("fill_.Scalar", fill_, "PrivateUse1")
+_lib.impl("zero_", zero_, "PrivateUse1")

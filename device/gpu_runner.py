@@ -33,25 +33,13 @@ from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 
+from .eager_kernels import cuda_driver as _driver
 from .eager_kernels import strided_copy
 from .host_ops import run_host
 from .importer import DTYPES, TORCH_DTYPES
 from .recipe import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
-
-
-_DRIVER = None
-
-
-def _driver():
-    """cuda.bindings' driver module, imported once (a replayed call uses it twice)."""
-    global _DRIVER
-    if _DRIVER is None:
-        from cuda.bindings import driver
-
-        _DRIVER = driver
-    return _DRIVER
 
 
 def layout(t: torch.Tensor) -> Layout:
@@ -201,6 +189,14 @@ class GpuRunner:
             self._scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
         return self._scratch.data_ptr()
 
+    def _kernel_workspace(self, step: str, nbytes: int) -> int:
+        """A kernel's own scratch memory (a split reduction's partials): made at the first
+        call, at the same address in every later one (replay captures it)."""
+        ws = self.workspaces.get(step)
+        if ws is None or ws.numel() < nbytes:
+            ws = self.workspaces[step] = self._workspace(nbytes, keep=False)
+        return ws.data_ptr()
+
     def _kernel(self, s: Step, env: dict) -> None:
         k = s.kernel
         ops = [env[o.value] for o in k.inputs]
@@ -217,6 +213,7 @@ class GpuRunner:
                 [t.data_ptr() for t in ops],
                 [tuple(t.shape) for t in ops],
                 [tuple(t.stride()) for t in ops],
+                workspace=lambda n: self._kernel_workspace(s.output, n),
             )
             return
         if k.kind == "custom":

@@ -1110,6 +1110,28 @@ def _h_split(imp: _Importer, node: torch.fx.Node):
     return names[0]
 
 
+def _above_neg_inf(imp: _Importer, xn: Node) -> str | None:
+    """``y`` where node ``xn`` is ``y != -inf`` (or ``logical_not(y == -inf)``) of a float
+    ``y`` of the same shape, else None."""
+
+    def neg_inf(name: str, dtype: str) -> bool:
+        n = imp.g.nodes[name]
+        return n.op == "Scalar" and n.attrs == (float_bits(float("-inf")), dtype)
+
+    if xn.op == "Eq" and imp.g.nodes[xn.args[1]].op == "Scalar":
+        if imp.g.nodes[xn.args[1]].attrs != (0, "bool"):
+            return None
+        xn = imp.g.nodes[xn.args[0]]  # logical_not(m) = (m == false)
+        if xn.op != "Eq":
+            return None
+    elif xn.op != "Ne":
+        return None
+    y, c = xn.args
+    yn = imp.g.nodes[y]
+    ok = yn.dtype in ot.FLOATS and yn.shape == xn.shape and neg_inf(c, yn.dtype)
+    return y if ok else None
+
+
 def _h_any(imp: _Importer, node: torch.fx.Node):
     """any(x, dims, keepdim) over booleans = (number of trues > 0), the count an int64 Sum
     (exact: no reduction holds 2^63 elements). Other dtypes are declined."""
@@ -1119,6 +1141,19 @@ def _h_any(imp: _Importer, node: torch.fx.Node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     dtype, shape = _tensor_type(node)
+    reduced = _dims(node, len(xn.shape), dims)
+    y = _above_neg_inf(imp, xn)
+    if y is not None and all(xn.shape[d] > 0 for d in reduced):
+        # any(y != -inf) = (max(y) != -inf) over a non-empty axis: a row all -inf has max
+        # -inf; any other element (finite, +inf, NaN) makes the max above -inf or NaN
+        # (max propagates NaN, and NaN != -inf), as it makes the any true. This is the
+        # mask of PyTorch's safe softmax, whose own max (of the same row) then gives it.
+        yn = imp.g.nodes[y]
+        top = imp.add(
+            Node(imp.fresh("any_max"), "Amax", (y,), (reduced, int(bool(keepdim))), yn.dtype, shape)
+        )
+        ninf = imp.scalar(float("-inf"), yn.dtype)
+        return imp.add(Node(node.name, "Ne", (top, ninf), (), dtype, shape), node.name)
     count = imp.add(
         Node(
             imp.fresh("any_count"),

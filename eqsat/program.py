@@ -401,6 +401,24 @@ class _Lowering:
             )
         raise ValidationError(f"lowering: unknown kernel {en.op}")
 
+    def _broadcast_scalar(self, cid: int) -> tuple | None:
+        """(bits, dtype) of the scalar constant a value broadcasts (``Expand`` of a
+        ``Scalar``, on either side of a crossing), None for anything else. Reading it in a
+        kernel is reading the constant at every index."""
+        expanded = False
+        while True:
+            choice = self.best.get(cid)
+            if choice is None:
+                return None
+            en = choice.enode
+            if en.op == "Scalar":
+                return tuple(en.attrs) if expanded else None
+            if en.op == "Expand":
+                expanded = True
+            elif en.op not in ("ToDev", "ToHost"):
+                return None
+            cid = en.kids[0]
+
     def _nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])
 
@@ -408,6 +426,9 @@ class _Lowering:
         en = self.best[cid].enode
         if en.op == "Ld":
             t = en.kids[0]
+            c = self._broadcast_scalar(t)
+            if c is not None:  # every element is the constant: no operand to read
+                return ("const", *c)
             if t not in leaves:
                 leaves.append(t)
             return ("in", leaves.index(t))

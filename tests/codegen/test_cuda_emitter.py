@@ -23,7 +23,8 @@ def test_kernels_under_the_cuda_simulator():
         [sys.executable, str(runner)], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") >= 61, proc.stdout  # copies, graphs, both loop variants
+    assert proc.stdout.count("ok ") >= 71, proc.stdout  # copies, graphs, both loop variants
+    assert proc.stdout.count(" (split): ") == 8, proc.stdout  # the split reductions ran
 
 
 def kernels_of(text: str):
@@ -117,3 +118,27 @@ def test_fma_and_ne_compile_to_ptx():
     assert re.search(r"\b(fma|mul)\.rn\.f64\b", ptx) and "cvt.rn.f32.f64" in ptx
     (k,) = kernels_of("(input a f32 [16])\n(input b f32 [16])\n(let r (Ne a b))\n(output r)\n")
     assert re.search(r"setp\.neu\.f32", cg.ptx(cg.generate(k), (9, 0)))
+
+
+@pytest.mark.parametrize(
+    "shape,dims,split",
+    [
+        ((16384 * 1024,), "[0]", True),  # a loss summed to one value
+        ((16384, 1024), "[0]", True),  # a bias gradient: 32 blocks of columns unsplit
+        ((8, 2048, 300), "[1]", True),  # a middle axis with few outputs
+        ((8192, 8192), "[1]", False),  # 8192 rows: a block each already fills the device
+        ((4, 900), "[1]", False),  # short rows: a warp each
+        ((64, 64), "[0]", False),  # columns too short to split
+    ],
+)
+def test_narrow_reductions_split_their_axis(shape, dims, split):
+    text = f"(input x f32 [{' '.join(map(str, shape))}])\n(let r (Sum x {dims} 0))\n(output r)\n"
+    (k,) = kernels_of(text)
+    chunks, chunk = cg.split_plan(k)
+    _, red, _ = cg.reduce_layout(k)
+    assert (chunks > 1) == split
+    assert chunks * chunk >= red > (chunks - 1) * chunk  # every element in one chunk
+    if split:  # both kernels compile for the device, float32 only
+        for g in cg.generate_split(k):
+            ptx = cg.ptx(g, (9, 0))
+            assert not [ln for ln in ptx.splitlines() if re.search(r"\.f64\b", ln)]

@@ -68,12 +68,15 @@ def run_on_gpu(graph_text: str, seed: int = 0):
                 for o, t in zip(k.inputs, ops, strict=True)
             ]
             with torch.saturn.device(GPU):
-                cg.CudaKernel(k, cc).launch(
+                kern = cg.CudaKernel(k, cc)
+                ws = torch.empty(max(kern.workspace_bytes(), 1), dtype=torch.uint8, device=GPU)
+                kern.launch(
                     stream,
                     out.data_ptr(),
                     [t.data_ptr() for t in ops],
                     [tuple(t.shape) for t in ops],
                     [tuple(t.stride()) for t in ops],
+                    workspace=lambda n, ws=ws: ws.data_ptr(),
                 )
             env[s.output] = out
             launched += 1
@@ -239,6 +242,60 @@ def test_reductions(op, shape, dims, dtype):
     assert launched == 1
     assert got[0].dtype == want[0].dtype
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "shape,op,dims,dtype",
+    [
+        ((4_000_037,), "Sum", "[0]", "f32"),  # a loss: one output, a row split
+        ((20_000, 1000), "Sum", "[0]", "f32"),  # a bias gradient: columns split
+        ((3, 5000, 70), "Mean", "[1]", "f64"),  # a middle axis, mean's division
+        ((3, 700_001), "Amax", "[1]", "f32"),  # a NaN in one row only
+        ((5_000_000,), "Sum", "[0]", "i32"),  # widening to int64: exact
+    ],
+)
+def test_narrow_reductions_split(shape, op, dims, dtype):
+    """A reduction with few outputs and a long axis runs as partials per chunk and a fold:
+    its values as the reference's, the same bits at every launch (the order of the
+    additions is fixed by the sizes)."""
+    text = f"(input x {dtype} [{' '.join(map(str, shape))}])\n(let r ({op} x {dims} 0))\n"
+    text += "(output r)\n"
+    (k,) = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program.kernels
+    rng = np.random.default_rng(3)
+    if dtype == "i32":
+        x = rng.integers(-1000, 1000, size=shape).astype(np.int32)
+    else:
+        x = rng.standard_normal(shape).astype(ev.np_dtype(dtype))
+    if op == "Amax":
+        x[1, 123_456] = np.nan
+    t = torch.from_numpy(x).to(GPU)
+    want = ev.eval_graph(parse_graph(text), {"x": x})[0]
+    with torch.saturn.device(GPU):
+        kern = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
+        assert kern.split is not None and kern.split[0] > 1
+        ws = torch.empty(kern.workspace_bytes(), dtype=torch.uint8, device=GPU)
+        outs = []
+        for _ in range(2):
+            out = torch.full(want.shape, 7, dtype=TORCH_DTYPES[k.dtype]).to(GPU)
+            kern.launch(
+                torch.saturn.stream_handle(GPU),
+                out.data_ptr(),
+                [t.data_ptr()],
+                [shape],
+                [t.stride()],
+                workspace=lambda n: ws.data_ptr(),
+            )
+            outs.append(out.cpu())
+    assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())  # NaN where NaN was
+    got = outs[0].numpy()
+    if dtype == "i32":
+        assert got.dtype == np.int64 and (got == want).all()
+    elif op == "Amax":
+        np.testing.assert_array_equal(got, want)  # NaN in row 1 only
+    else:  # float sums in another order: within 1e-5 of the sum of magnitudes
+        axes = tuple(int(d) for d in dims.strip("[]").split())
+        bound = 1e-5 * np.abs(x).sum(axis=axes) / (x.size / want.size if op == "Mean" else 1)
+        assert (np.abs(got - want) <= bound + 1e-6).all()
 
 
 def test_integer_sum_widens_and_bool_sums():

@@ -79,6 +79,51 @@ def test_full_like_is_a_broadcast_constant_and_the_safe_softmax_runs_as_kernels(
     assert torch.equal(got[0, 1, 2].cpu(), torch.zeros(5))
     prog = last_compiled().compiled.program
     assert host_ops(prog) == [] and prog.count("crossing") == 0
+    # the zeros are a constant in the kernel's body, not an operand read through strides
+    expands = {st.output for st in prog.steps if st.kind == "view" and st.op == "Expand"}
+    assert not [o.value for k in prog.kernels for o in k.inputs if o.value in expands]
+
+
+def reductions(prog) -> list[tuple[str, str]]:
+    return [(k.attrs["reduce"], k.dtype) for k in prog.kernels if k.kind == "reduce"]
+
+
+def test_safe_softmax_mask_is_the_rows_max():
+    """any(s != -inf) over a row is max(s) != -inf: the mask of the safe softmax needs no
+    count of its own, the softmax's max gives it. Rows all -inf, -inf with NaN, +inf."""
+    s = special((2, 3, 4, 5))
+    s[0, 1, 2] = float("-inf")  # fully masked: zeros
+    s[1, 0, 0] = torch.tensor([float("-inf"), float("nan"), float("-inf"), 1.0, 2.0])
+    s[1, 2, 3] = torch.tensor([float("inf"), float("-inf"), 0.0, -0.0, 1.0])
+
+    def f(s):
+        sm = torch.softmax(s, -1)
+        masked = torch.logical_not(torch.any(torch.logical_not(s == float("-inf")), -1, True))
+        return torch.where(masked, torch.full_like(sm, 0.0), sm)
+
+    got = compile_and_compare(f, s)
+    assert torch.equal(got[0, 1, 2].cpu(), torch.zeros(5))
+    prog = last_compiled().compiled.program
+    # one max (shared with the softmax's), one sum, no integer count
+    assert sorted(reductions(prog)) == [("max", "f32"), ("sum", "f32")], reductions(prog)
+    x = special((3, 7))
+    x[1] = float("-inf")
+    compile_and_compare(lambda x: (x != float("-inf")).any(-1).float() + x.sum(-1), x)
+    assert ("max", "f32") in reductions(last_compiled().compiled.program)
+
+
+def test_any_above_neg_inf_over_an_empty_axis_counts():
+    """Over an empty axis any() is false and max() has no value: the count stays."""
+    x = torch.randn(3, 0, 4)
+    compile_and_compare(lambda x: (x != float("-inf")).any(1).float() + 1.0, x)
+    assert ("max", "f32") not in reductions(last_compiled().compiled.program)
+
+
+def test_an_expanded_tensor_stays_an_operand():
+    x, b = special((4, 5)), special((5,), 1)
+    compile_and_compare(lambda x, b: torch.where(x > 0, x, b.expand(4, 5)), x, b)
+    (k,) = last_compiled().compiled.program.kernels
+    assert len(k.inputs) == 2
 
 
 def test_layer_norm_statistics_of_a_training_forward_run_as_kernels():

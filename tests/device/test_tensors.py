@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import saturn  # noqa: F401
+import saturn
 
 # Every dtype PyTorch has that a strided tensor can hold (quantized dtypes need quantizers
 # and are not copied bitwise by any device; they are left out on purpose).
@@ -76,6 +76,49 @@ def test_factories(dev):
     torch.manual_seed(1234)
     assert torch.equal(r, torch.randn(64)), "randn on saturn draws from the seeded host generator"
     assert r.std() > 0.5
+
+
+FILLS = [
+    (torch.bool, True),
+    (torch.uint8, 200),
+    (torch.int16, -3),
+    (torch.bfloat16, -0.0),
+    (torch.float32, float("nan")),
+    (torch.float32, -float("inf")),
+    (torch.float64, 1.0 / 3.0),  # two different 32-bit words
+    (torch.int64, -(2**40) + 7),
+    (torch.complex64, 1.5 - 2j),
+    (torch.complex128, -0.25 + 3j),  # four words
+]
+
+
+@pytest.mark.parametrize("dtype,value", FILLS, ids=[f"{d}-{v}" for d, v in FILLS])
+def test_fill_writes_the_values_bits_without_the_fallback(dev, dtype, value):
+    """fill_ (ones_like, zeros, full, a backward seed) writes the value's bits on the
+    device: every element, nothing beyond, no CPU-fallback op."""
+    before = saturn.fallback_counts()
+    base = torch.full((1031,), 7, dtype=torch.uint8 if dtype == torch.bool else dtype).to(dev)
+    x = base[2:1029]  # an offset view: the bytes either side must survive
+    x.fill_(value)
+    zeros = torch.zeros(5, 3, dtype=dtype, device=dev)
+    ones = torch.ones_like(zeros)
+    assert saturn.fallback_counts() == before
+    want = torch.full((1031,), 7, dtype=base.dtype)
+    want[2:1029] = value
+    assert torch.equal(bits(base.cpu()), bits(want))
+    assert torch.equal(bits(zeros.cpu()), bits(torch.zeros(5, 3, dtype=dtype)))
+    assert torch.equal(bits(ones.cpu()), bits(torch.ones(5, 3, dtype=dtype)))
+
+
+def test_fill_of_strided_views_and_values_out_of_range(dev):
+    x = torch.zeros(6, 5, device=dev)
+    x[:, 1].fill_(2.0)  # a strided view: the rest of x is kept
+    x.t()[3].fill_(-1.0)
+    want = torch.zeros(6, 5)
+    want[:, 1], want[:, 3] = 2.0, -1.0
+    assert torch.equal(x.cpu(), want)
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.empty(3, dtype=torch.int8, device=dev).fill_(1000)
 
 
 def test_copy_converts_dtype_and_layout(dev):

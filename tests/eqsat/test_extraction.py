@@ -54,14 +54,17 @@ def test_a_view_of_an_input_returned_as_an_output_is_a_device_view():
 
 
 def test_a_scalar_read_as_a_tensor_is_a_device_constant():
-    """full_like(x, 0) is a broadcast scalar: made on the device once, not copied there on
-    every call (a copy inside the program would also stop CUDA-graph replay)."""
+    """full_like(x, 0) is a broadcast scalar: not copied to the device on every call (a copy
+    inside the program would also stop CUDA-graph replay), and read by the kernel as the
+    constant itself, not as an operand through zero strides."""
     graph, prog = program(
         "(input c bool [4 5])\n(input x f32 [4 5])\n(let sm (Softmax x 1))\n"
         "(let z (Expand (Scalar 0.0 f32) [4 5]))\n(let r (Where c z sm))\n(output r)\n"
     )
     assert crossings(prog) == [] and host_steps(prog) == []
-    assert [s.place for s in prog.steps if s.kind == "const"] == ["device"]
+    assert [s for s in prog.steps if s.kind == "const"] == []
+    (k,) = prog.kernels  # softmax and the where as one rows kernel
+    assert ("const", 0, "f32") in k.body[1:] and len(k.inputs) == 2  # c and x
     check_values(graph, prog)
 
 
