@@ -260,7 +260,7 @@ class Recipe:
         if k.kind in ("loop", "reduce"):
             arrays = []
             for o, t in zip(k.inputs, operands, strict=True):
-                if o.indexing != "strided" and k.kind == "loop" and not t.is_contiguous():
+                if o.indexing != "strided" and not t.is_contiguous():
                     t = t.contiguous()
                 arrays.append(numpy_view(t))
             cpu.run(k, numpy_view(out), arrays)

@@ -10,7 +10,7 @@ kernel typed, outputs defined.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import optable as ot
 from .egraph import EGraphView, ENode
@@ -135,6 +135,41 @@ def format_stage(st: Stage) -> str:
     if st.epilogue is not None:
         text += f" then {format_expr(st.epilogue).replace('in0', 'acc')}"
     return text
+
+
+def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def view_strides(
+    shape: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The strides of a reshape of a strided tensor that is a view, None where it must copy
+    (PyTorch's rule: each run of new axes spans a run of old axes that is contiguous within
+    itself)."""
+    if math.prod(shape) == 0:
+        return packed_strides(new)
+    out = [0] * len(new)
+    view_d = len(new) - 1
+    chunk = strides[-1] if strides else 1
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk):
+            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
+                out[view_d] = view_numel * chunk
+                view_numel *= new[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk = strides[d - 1]
+                tensor_numel, view_numel = 1, 1
+    return tuple(out) if view_d == -1 else None
 
 
 def fmt_attr_value(v) -> str:
@@ -366,6 +401,9 @@ class _Lowering:
                 return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers, fused)
             kind, dims, kd = en.attrs
             dims = tuple(sorted(d % len(domain) for d in dims)) if domain else ()
+            packed = self._in_memory_order(leaves, inputs, dims, domain)
+            if packed is not None:
+                inputs, domain, dims = packed
             return Kernel(
                 "reduce",
                 out,
@@ -418,6 +456,90 @@ class _Lowering:
             elif en.op not in ("ToDev", "ToHost"):
                 return None
             cid = en.kids[0]
+
+    def strides(self, cid: int) -> tuple[int, ...] | None:
+        """The element strides a value has at run time, where the program decides them: a
+        kernel's or an input's packed output, permutes of one, and reshapes (views by
+        PyTorch's rule, or packed copies where no view exists); None where unknown."""
+        choice = self.best.get(cid)
+        if choice is None or cid not in self.types:
+            return None
+        en, shape = choice.enode, tuple(self.types[cid][1])
+        if en.op in ("Permute", "View", "ToDev", "ToHost") and en.kids:
+            kid = self.strides(en.kids[0])
+            if kid is None:
+                return None
+            if en.op == "Permute":
+                return tuple(kid[d] for d in en.attrs[0])
+            if en.op == "View":  # a reshape that is no view copies into a packed buffer
+                src = tuple(self.types[en.kids[0]][1])
+                return view_strides(src, kid, shape) or packed_strides(shape)
+            return kid if en.op == "ToDev" and self.io_on_device else packed_strides(shape)
+        if en.op in MOVEMENT:
+            return None
+        return packed_strides(shape)
+
+    def _in_memory_order(self, leaves: list[int], inputs: list[Operand], dims, domain):
+        """A reduction whose operands all lie packed in memory in one order of the domain's
+        axes reads them as packed: in the domain's order (a reshape's copy) as they are, in
+        another (a bias gradient summed over a transposed gradient) through a permute view
+        of each, the reduction running over the axes in that order: (operands, domain,
+        dims), or None. Each output reduces the same elements,
+        in another order (as between any two reduction kernels); the kept axes keep their
+        order, so the output is laid out as before. Read through strides, every element's
+        address takes a division per axis: such reductions ran four times slower than the
+        bytes they move (H200)."""
+        identity = list(range(len(domain)))
+        order = None
+        for c, o in zip(leaves, inputs, strict=True):
+            if o.indexing == "scalar":
+                continue
+            axes = identity  # packed or broadcast operands are read in the domain's order
+            if o.indexing == "strided":
+                st = self.strides(c)
+                if st is None or len(st) != len(domain):
+                    return None
+                # its axes by decreasing stride (size-1 axes where they stand): packed?
+                axes = sorted(identity, key=lambda a: (-st[a] if domain[a] > 1 else 0, a))
+                if packed_strides(tuple(domain[a] for a in axes)) != tuple(st[a] for a in axes):
+                    return None
+            if order not in (None, axes):
+                return None
+            order = axes
+        if order is None or all(o.indexing != "strided" for o in inputs):
+            return None
+        if order == identity:  # packed already (a reshape's copy): read without strides
+            same = [replace(o, indexing="same") if o.indexing == "strided" else o for o in inputs]
+            return same, domain, dims
+        if any(o.indexing not in ("strided", "scalar") for o in inputs):
+            return None  # a broadcast operand's index would not follow the new order
+        new_dims = tuple(sorted(order.index(d) for d in dims))
+        kept = [order.index(a) for a in range(len(domain)) if a not in dims]
+        if kept != sorted(kept) or new_dims != tuple(range(new_dims[0], new_dims[-1] + 1)):
+            return None
+        new_domain = tuple(domain[a] for a in order)
+        ops = []
+        for o in inputs:
+            if o.indexing == "scalar":
+                ops.append(o)
+                continue
+            name = self.done_extra.get(("in-order", o.value, tuple(order)))
+            if name is None:
+                name = self.emit(
+                    Step(
+                        "view",
+                        f"{o.value}p",
+                        "Permute",
+                        (o.value,),
+                        (tuple(order),),
+                        o.dtype,
+                        new_domain,
+                        place=DEVICE,
+                    )
+                )
+                self.done_extra[("in-order", o.value, tuple(order))] = name
+            ops.append(Operand(name, o.dtype, new_domain, "same"))
+        return ops, new_domain, new_dims
 
     def _nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])

@@ -555,3 +555,55 @@ def test_avg_pool_over_tiling_windows_is_a_mean():
 
     compile_and_compare(f, x)
     assert host_ops(last_compiled().compiled.program) == []
+
+
+def reduce_operands(prog) -> list[str]:
+    return [o.indexing for k in prog.kernels if k.kind == "reduce" for o in k.inputs]
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: x.permute(1, 0, 2).sum((0, 1)),  # a permute of a packed value
+        lambda x: (x.permute(2, 0, 1) * 2.0).amax(0),
+        lambda x: x.permute(1, 0, 2).reshape(24, 5).mean(0),  # the reshape copies: packed
+    ],
+)
+def test_reductions_read_operands_packed_in_memory_order(f):
+    """A reduction over a permuted (or reshaped-and-copied) packed value reads it without
+    strides: in the value's memory order, the same elements per output."""
+    x = special((4, 6, 5))
+    compile_and_compare(f, x)
+    assert reduce_operands(last_compiled().compiled.program) == ["same"]
+
+
+def test_a_reduction_whose_kept_axes_would_reorder_reads_through_strides():
+    x = special((4, 6, 5))
+    compile_and_compare(lambda x: x.permute(1, 0, 2).sum(2), x)  # kept (6, 4) lie as (4, 6)
+    assert reduce_operands(last_compiled().compiled.program) == ["strided"]
+
+
+def test_view_strides_follow_pytorchs_rule():
+    """The lowering's static strides of a reshape agree with PyTorch's view (None where
+    PyTorch must copy)."""
+    import itertools
+
+    from saturn.eqsat.program import view_strides
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(4, 6, 5), (2, 1, 3, 4), (3, 8), (1, 5, 1)]:
+        n = 1
+        for v in shape:
+            n *= v
+        news = [(n,), (shape[0], n // shape[0]), (n // shape[-1], shape[-1]), (*shape, 1)]
+        for perm in itertools.permutations(range(len(shape))):
+            t = torch.empty(shape).permute(perm)
+            for new in news:
+                new = tuple(new[i] for i in torch.randperm(len(new), generator=g).tolist())
+                if torch.Size(new).numel() != n:
+                    continue
+                try:
+                    want = t.view(new).stride()
+                except RuntimeError:
+                    want = None
+                assert view_strides(tuple(t.shape), t.stride(), new) == want, (shape, perm, new)
