@@ -513,6 +513,8 @@ class _Lowering:
             return same, domain, dims
         if any(o.indexing not in ("strided", "scalar") for o in inputs):
             return None  # a broadcast operand's index would not follow the new order
+        if tuple(dims) == (len(domain) - 1,):
+            return None  # a last-axis reduction may join a rows kernel (fuse_rows) as it is
         new_dims = tuple(sorted(order.index(d) for d in dims))
         kept = [order.index(a) for a in range(len(domain)) if a not in dims]
         if kept != sorted(kept) or new_dims != tuple(range(new_dims[0], new_dims[-1] + 1)):

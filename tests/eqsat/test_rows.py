@@ -126,3 +126,11 @@ def test_reading_the_written_value_declines_where_it_reads_more():
     reuse_written(prog)
     assert [o.value for o in q.kernel.inputs] == ["x", "b"]  # declined: 1 KiB + 128 B < 2 KiB
     assert p.kernel.body == scaled
+
+
+def test_softmax_of_a_permuted_input_stays_one_rows_kernel():
+    """Reading reductions in memory order (a permuted operand's axes) must not take a
+    last-axis reduction out of the rows kernel it belongs to."""
+    text = "(input x f32 [130 70])\n(let r (Softmax (Permute x [1 0]) 1))\n(output r)\n"
+    prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
+    assert [k.kind for k in prog.kernels] == ["rows"]
