@@ -107,7 +107,7 @@ def saturn_rows(eager: dict) -> list[tuple]:
         fallbacks = dict(saturn.fallback_counts())
         t = step_us(fn, xd, gd, lambda: torch.saturn.synchronize(GPU))
         after = saturn.fallback_counts()
-        # ops that ran through the CPU fallback per step (the backward's seed, a scalar)
+        # ops that ran through the CPU fallback in the timed steps (none expected)
         per_step = {k: v - fallbacks.get(k, 0) for k, v in after.items() if v != fallbacks.get(k)}
         replays = [g.recipe.runner.replays if g.recipe.runner else 0 for g in graphs]
         rows.append((f"{b}x{n}x{d}", eager.get(f"{b}x{n}x{d}"), t, err, host, replays))

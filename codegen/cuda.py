@@ -429,86 +429,121 @@ def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str)
     ]
 
 
+def _element(k: Kernel):
+    """``element(ind, var)``: the lines computing a reduction's value at flat index ``f``
+    into ``var`` (operand reads, the body, the cast to the accumulator); and the int
+    parameters the reads use."""
+    rank = len(k.domain)
+    dnames = [f"s{d}" for d in range(rank)]
+    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
+    result, _ = body.emit(k.body)
+    acc_type = NUMBA_TYPE[_acc_dtype(k)]
+    _, ints = _operand_reads(k, "f", rank, dnames, "")
+
+    def element(at: str, var: str) -> list[str]:
+        reads, _ = _operand_reads(k, "f", rank, dnames, at)
+        return reads + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
+
+    return element, ints
+
+
+def _block_row(kind: str, acc_t: str, start: str, bound: str, element, store) -> list[str]:
+    """A block of THREADS per row (``blockIdx.x``): each thread folds from ``start`` up to
+    ``bound``, the warps fold across their lanes and then across warps through shared
+    memory; thread 0 runs ``store`` (lines at 12 spaces) with the row's ``acc``."""
+    ident = _identity(kind, acc_t)
+    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
+    return [
+        "    row = cuda.blockIdx.x",
+        "    tid = cuda.threadIdx.x",
+        f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+        f"    acc = {ident}",
+        f"    r = {start}",
+        *_accumulate("row * red + {r}", THREADS, bound, element, kind, "    "),
+        *_warp_reduce(shfl, "    "),
+        "    if tid % 32 == 0:",
+        "        part[tid // 32] = acc",
+        "    cuda.syncthreads()",
+        "    if tid < 32:",
+        f"        acc = part[tid] if tid < 8 else {ident}",
+        *_warp_reduce(shfl, "        "),
+        "        if tid == 0:",
+        *store,
+    ]
+
+
+def _columns(kind: str, acc_t: str, outputs: str, loop: list[str], store) -> list[str]:
+    """32 consecutive outputs per block (``p``, coalesced), 8 threads down each: every
+    thread folds by ``loop`` (lines at 8 spaces), then the 8 partials of each output are
+    folded in order through shared memory and ``store`` (lines at 8 spaces) runs."""
+    return [
+        "    tx = cuda.threadIdx.x % 32",
+        "    ty = cuda.threadIdx.x // 32",
+        "    p = cuda.blockIdx.x * 32 + tx",
+        f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+        f"    acc = {_identity(kind, acc_t)}",
+        f"    if p < {outputs}:",
+        *loop,
+        "    part[cuda.threadIdx.x] = acc",
+        "    cuda.syncthreads()",
+        f"    if ty == 0 and p < {outputs}:",
+        "        for j in range(1, 8):",
+        f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
+        *store,
+    ]
+
+
+def _column_loop(start: str, bound: str, element, kind: str) -> list[str]:
+    return [
+        "        o = p // inner",
+        "        c = p % inner",
+        f"        r = {start}",
+        *_accumulate("(o * red + {r}) * inner + c", 8, bound, element, kind, "        "),
+    ]
+
+
 def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
     """A row (warp or block per row) or column reduction kernel; returns its style too."""
     _, red, inner = reduce_layout(k)
-    rank = len(k.domain)
-    dnames = [f"s{d}" for d in range(rank)]
+    dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
-    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
     acc_type = NUMBA_TYPE[acc_t]
-    ident = _identity(kind, acc_t)
-    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
-    result, _ = body.emit(k.body)
-    uses_shape = any(o.indexing == "strided" for o in k.inputs)
     if inner == 1:
         style = "row-warp" if red < ROW_WARP_LIMIT else "row-block"
     else:
         style = "column"
-    _, ints = _operand_reads(k, "f", rank, dnames, "")
+    element, ints = _element(k)
+    shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
     params = Params(
-        ["out", *[f"in{i}" for i in range(len(k.inputs))]],
-        ["outer", "red", "inner", *(dnames if uses_shape else []), *ints],
+        ["out", *[f"in{i}" for i in range(len(k.inputs))]], ["outer", "red", "inner", *shape, *ints]
     )
     finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
     lines = [f"def {fn}({params.signature()}):"]
-
-    def element(at: str, var: str) -> list[str]:
-        r, _ = _operand_reads(k, "f", rank, dnames, at)
-        return r + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
-
     if style == "row-warp":
         # one warp per row, 8 rows per block
         lines += [
             "    lane = cuda.threadIdx.x % 32",
             "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
-            f"    acc = {ident}",
+            f"    acc = {_identity(kind, acc_t)}",
             "    if row < outer:",
             "        r = lane",
             *_accumulate("row * red + {r}", 32, "red", element, kind, "        "),
-            *_warp_reduce(shfl, "    "),
+            *_warp_reduce(
+                _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)"), "    "
+            ),
             "    if lane == 0 and row < outer:",
             *_store_reduced(k, "out[row]", finish, "        "),
         ]
     elif style == "row-block":
-        lines += [
-            "    row = cuda.blockIdx.x",
-            "    tid = cuda.threadIdx.x",
-            f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-            f"    acc = {ident}",
-            "    r = tid",
-            *_accumulate("row * red + {r}", THREADS, "red", element, kind, "    "),
-            *_warp_reduce(shfl, "    "),
-            "    if tid % 32 == 0:",
-            "        part[tid // 32] = acc",
-            "    cuda.syncthreads()",
-            "    if tid < 32:",
-            f"        acc = part[tid] if tid < 8 else {ident}",
-            *_warp_reduce(shfl, "        "),
-            "        if tid == 0:",
-            *_store_reduced(k, "out[row]", finish, "            "),
-        ]
+        lines += _block_row(
+            kind, acc_t, "tid", "red", element, _store_reduced(k, "out[row]", finish, " " * 12)
+        )
     else:
-        # 32 consecutive outputs per block (coalesced along inner), 8 threads down each
-        lines += [
-            "    tx = cuda.threadIdx.x % 32",
-            "    ty = cuda.threadIdx.x // 32",
-            "    p = cuda.blockIdx.x * 32 + tx",
-            f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-            f"    acc = {ident}",
-            "    if p < outer * inner:",
-            "        o = p // inner",
-            "        c = p % inner",
-            "        r = ty",
-            *_accumulate("(o * red + {r}) * inner + c", 8, "red", element, kind, "        "),
-            "    part[cuda.threadIdx.x] = acc",
-            "    cuda.syncthreads()",
-            "    if ty == 0 and p < outer * inner:",
-            "        for j in range(1, 8):",
-            f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
-            *_store_reduced(k, "out[p]", finish, "        "),
-        ]
+        loop = _column_loop("ty", "red", element, kind)
+        lines += _columns(
+            kind, acc_t, "outer * inner", loop, _store_reduced(k, "out[p]", finish, " " * 8)
+        )
     return "\n".join(lines), params, style
 
 
@@ -546,89 +581,40 @@ def split_sources(k: Kernel, fn: str) -> tuple[str, Params, str, Params]:
     ``ws[chunk * outputs + output]``) and the fold over chunks (32 outputs per block, 8
     threads down the chunks), with their parameters."""
     _, _, inner = reduce_layout(k)
-    rank = len(k.domain)
-    dnames = [f"s{d}" for d in range(rank)]
+    dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
     acc_type = NUMBA_TYPE[acc_t]
-    ident = _identity(kind, acc_t)
-    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
-    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
-    result, _ = body.emit(k.body)
-    uses_shape = any(o.indexing == "strided" for o in k.inputs)
-    _, ints = _operand_reads(k, "f", rank, dnames, "")
+    element, ints = _element(k)
+    shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
     params = Params(
         ["ws", *[f"in{i}" for i in range(len(k.inputs))]],
-        ["outer", "red", "inner", *(dnames if uses_shape else []), *ints, "chunk"],
+        ["outer", "red", "inner", *shape, *ints, "chunk"],
     )
-
-    def element(at: str, var: str) -> list[str]:
-        r, _ = _operand_reads(k, "f", rank, dnames, at)
-        return r + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
-
-    shared = f"cuda.shared.array({{n}}, dtype=numba.{NUMBA_SCALAR[acc_t]})"
     lines = [
         f"def {fn}_part({params.signature()}):",
         "    lo = cuda.blockIdx.y * chunk",
         "    hi = min(lo + chunk, red)",
     ]
     if inner == 1:  # a block per (row, chunk)
-        lines += [
-            "    row = cuda.blockIdx.x",
-            "    tid = cuda.threadIdx.x",
-            f"    part = {shared.format(n=8)}",
-            f"    acc = {ident}",
-            "    r = lo + tid",
-            *_accumulate("row * red + {r}", THREADS, "hi", element, kind, "    "),
-            *_warp_reduce(shfl, "    "),
-            "    if tid % 32 == 0:",
-            "        part[tid // 32] = acc",
-            "    cuda.syncthreads()",
-            "    if tid < 32:",
-            f"        acc = part[tid] if tid < 8 else {ident}",
-            *_warp_reduce(shfl, "        "),
-            "        if tid == 0:",
-            "            ws[cuda.blockIdx.y * outer + row] = acc",
-        ]
+        store = [" " * 12 + "ws[cuda.blockIdx.y * outer + row] = acc"]
+        lines += _block_row(kind, acc_t, "lo + tid", "hi", element, store)
     else:  # 32 outputs per block, 8 threads down each, over one chunk
-        lines += [
-            "    tx = cuda.threadIdx.x % 32",
-            "    ty = cuda.threadIdx.x // 32",
-            "    p = cuda.blockIdx.x * 32 + tx",
-            f"    part = {shared.format(n=256)}",
-            f"    acc = {ident}",
-            "    if p < outer * inner:",
-            "        o = p // inner",
-            "        c = p % inner",
-            "        r = lo + ty",
-            *_accumulate("(o * red + {r}) * inner + c", 8, "hi", element, kind, "        "),
-            "    part[cuda.threadIdx.x] = acc",
-            "    cuda.syncthreads()",
-            "    if ty == 0 and p < outer * inner:",
-            "        for j in range(1, 8):",
-            f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
-            "        ws[cuda.blockIdx.y * outer * inner + p] = acc",
-        ]
+        store = [" " * 8 + "ws[cuda.blockIdx.y * outer * inner + p] = acc"]
+        lines += _columns(
+            kind, acc_t, "outer * inner", _column_loop("lo + ty", "hi", element, kind), store
+        )
     fparams = Params(["out", "ws"], ["outputs", "chunks", "red"])
     finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
-    flines = [
-        f"def {fn}_fold({fparams.signature()}):",
-        "    tx = cuda.threadIdx.x % 32",
-        "    ty = cuda.threadIdx.x // 32",
-        "    p = cuda.blockIdx.x * 32 + tx",
-        f"    part = {shared.format(n=256)}",
-        f"    acc = {ident}",
-        "    if p < outputs:",
+    fold = [
         "        r = ty",
         "        while r < chunks:",
         f"            acc = {_combine(kind, 'acc', 'ws[r * outputs + p]')}",
         "            r += 8",
-        "    part[cuda.threadIdx.x] = acc",
-        "    cuda.syncthreads()",
-        "    if ty == 0 and p < outputs:",
-        "        for j in range(1, 8):",
-        f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
-        *_store_reduced(k, "out[p]", finish, "        "),
+    ]
+    flines = [
+        f"def {fn}_fold({fparams.signature()}):",
+        *_columns(kind, acc_t, "outputs", fold, _store_reduced(k, "out[p]", finish, " " * 8)),
     ]
     return "\n".join(lines), params, "\n".join(flines), fparams
 

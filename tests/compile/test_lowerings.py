@@ -64,18 +64,19 @@ def test_any_over_floats_stays_the_call():
     assert host_ops(last_compiled().compiled.program) == ["aten.any.dim"]
 
 
+def safe_softmax(s):
+    """PyTorch's ``_safe_softmax`` as a training forward imports it (all() through any())."""
+    sm = torch.softmax(s, -1)
+    masked = torch.logical_not(torch.any(torch.logical_not(s == float("-inf")), -1, True))
+    return torch.where(masked, torch.full_like(sm, 0.0), sm)
+
+
 def test_full_like_is_a_broadcast_constant_and_the_safe_softmax_runs_as_kernels():
     """The masked softmax a training forward imports (``_safe_softmax``): rows that are all
     -inf give zeros, not NaN; the zeros are a device constant, not a copy per call."""
     s = torch.randn(2, 3, 4, 5)
     s[0, 1, 2] = float("-inf")  # a fully masked row
-
-    def f(s):
-        sm = torch.softmax(s, -1)
-        masked = torch.logical_not(torch.any(torch.logical_not(s == float("-inf")), -1, True))
-        return torch.where(masked, torch.full_like(sm, 0.0), sm)
-
-    got = compile_and_compare(f, s)
+    got = compile_and_compare(safe_softmax, s)
     assert torch.equal(got[0, 1, 2].cpu(), torch.zeros(5))
     prog = last_compiled().compiled.program
     assert host_ops(prog) == [] and prog.count("crossing") == 0
@@ -95,13 +96,7 @@ def test_safe_softmax_mask_is_the_rows_max():
     s[0, 1, 2] = float("-inf")  # fully masked: zeros
     s[1, 0, 0] = torch.tensor([float("-inf"), float("nan"), float("-inf"), 1.0, 2.0])
     s[1, 2, 3] = torch.tensor([float("inf"), float("-inf"), 0.0, -0.0, 1.0])
-
-    def f(s):
-        sm = torch.softmax(s, -1)
-        masked = torch.logical_not(torch.any(torch.logical_not(s == float("-inf")), -1, True))
-        return torch.where(masked, torch.full_like(sm, 0.0), sm)
-
-    got = compile_and_compare(f, s)
+    got = compile_and_compare(safe_softmax, s)
     assert torch.equal(got[0, 1, 2].cpu(), torch.zeros(5))
     prog = last_compiled().compiled.program
     # one max (shared with the softmax's), one sum, no integer count
