@@ -128,5 +128,16 @@ def zero_(x: torch.Tensor) -> torch.Tensor:
     return fill_(x, 0)
 
 
+def fill_tensor_(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``fill_`` with a 0-dim tensor: its number (read from the device if it lives there)."""
+    if value.dim() != 0:
+        raise RuntimeError(
+            "fill_ only supports 0-dimension value tensor but got tensor with "
+            f"{value.dim()} dimensions."
+        )
+    return fill_(x, value.item())
+
+
 _lib.impl("fill_.Scalar", fill_, "PrivateUse1")
+_lib.impl("fill_.Tensor", fill_tensor_, "PrivateUse1")
 _lib.impl("zero_", zero_, "PrivateUse1")

@@ -121,6 +121,19 @@ def test_fill_of_strided_views_and_values_out_of_range(dev):
         torch.empty(3, dtype=torch.int8, device=dev).fill_(1000)
 
 
+def test_fill_with_a_tensor_value(dev):
+    before = saturn.fallback_counts()
+    x = torch.zeros(4, 3, device=dev)
+    x.fill_(torch.tensor(2.5))  # a CPU scalar tensor
+    x[1].fill_(torch.tensor(-1.0, dtype=torch.float64).to(dev))  # one on the device
+    assert saturn.fallback_counts() == before
+    want = torch.full((4, 3), 2.5)
+    want[1] = -1.0
+    assert torch.equal(x.cpu(), want)
+    with pytest.raises(RuntimeError, match="0-dimension"):
+        x.fill_(torch.ones(2))
+
+
 def test_copy_converts_dtype_and_layout(dev):
     x = torch.randn(6, 5)
     y = torch.empty(5, 6, dtype=torch.float64, device=dev).t()  # strided destination
