@@ -8,9 +8,10 @@ through the Numba dispatcher. Loops read packed operands at ``i``, ``i % m``, ``
 per-axis strides given at launch (zero on broadcast axes). Reductions see their domain as
 outer x reduce x inner: rows (inner == 1) reduce with a warp per row for short rows or a
 block per row for long ones; columns reduce with 32 columns per block and 8 threads down
-each column. Accumulation is in the output dtype (integers widen to int64 as PyTorch does;
-float32 stays float32, so a float32 kernel has no double-precision instruction); max and
-min propagate NaN.
+each column. A reduction with too few outputs to fill the device and a long reduced axis
+splits the axis into chunks: partials per chunk, then a fold (``split_plan``).
+Accumulation is in the output dtype (integers widen to int64 as PyTorch does; float32 stays
+float32, so a float32 kernel has no double-precision instruction); max and min propagate NaN.
 
 The same Python source runs under Numba's CUDA simulator with array arguments (CI has no
 GPU), and compiles to PTX with pointer arguments for the device; PTX is linked to a cubin
