@@ -652,19 +652,6 @@ def _h_matmul(row_name: str):
     return h
 
 
-def _alpha_ok(alpha, dtype: str) -> bool:
-    """add/sub's alpha: a number of the op's kind (a float alpha for integers declines)."""
-    return type(alpha) is int or (type(alpha) is float and dtype in ot.FLOATS)
-
-
-def _scaled(imp: _Importer, b, alpha, dtype: str) -> str:
-    """``b * alpha`` in b's own shape (it may broadcast against the other operand)."""
-    name = b if isinstance(b, str) else imp.operand(b, dtype)
-    if alpha == 1:
-        return name
-    return _ew_node(imp, "Mul", (name, alpha), dtype, imp.g.nodes[name].shape)
-
-
 def _h_addmm(imp: _Importer, node: torch.fx.Node):
     if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
         return None  # the epilogue would ignore alpha and beta
