@@ -37,6 +37,9 @@ def cuda_array_interface(t: torch.Tensor) -> dict:
         raise RuntimeError(
             "a tensor that requires grad cannot be exported; use tensor.detach() first"
         )
+    from .gpu_runner import take_back_lent
+
+    take_back_lent(t)  # a compiled call's output must not keep pointing into its arena
     size = t.element_size()
     return {
         "shape": tuple(t.shape),

@@ -10,8 +10,16 @@ graph and later calls replay it: one launch. Inputs are read where they lie; an 
 arrives at a new address is staged: it gets a buffer of its own, the graph is captured once
 more reading from there, and each later call copies the input into it before the replay.
 An input whose shape or strides differ from the recipe's never reaches this point (the
-recipe checks and packs inputs first). Outputs are copied out of the arena, because the next
-call overwrites it.
+recipe checks and packs inputs first).
+
+Outputs are *lent*: the tensors a call returns view the runner's memory (the arena, a
+reshape's kept copy) through storages of their own, with no copy. Before the next call
+rewrites that memory, every lent storage still held anywhere (the caller's tensor, a view
+of it, autograd's saved tensors) is copied to fresh memory and its data pointer swapped to
+the copy, so what the caller holds keeps its values; storages nobody holds cost nothing. A
+training step (whose saved activations and gradients are dropped before the next step) and
+an inference loop that drops its outputs never copy. An output that views an input is a
+view of the caller's tensor, as in eager (a forward's saved inputs and transposed weights).
 
 Rule for replay (documented in docs/decisions/0013): on for recipes whose shapes are all
 static, off when the option ``replay`` is False, when the program has host steps or
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 
 import torch
 
@@ -76,6 +85,8 @@ class GpuRunner:
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
+        # storages every call rewrites (their StorageImpl address -> [start, end) address)
+        self._owned: dict[int, tuple[int, int]] = {}
         self.buffers: dict[str, torch.Tensor] = {}
         self.consts: dict[str, torch.Tensor] = {}
         self.plans: dict[str, tuple[tuple, object]] = {}  # step -> (layout key, plan)
@@ -91,13 +102,21 @@ class GpuRunner:
         self.calls = 0
         self.exec_ = None  # the instantiated graph
         self.captured_outs: list[torch.Tensor] = []
-        self.out_specs: list[tuple | None] = []  # _packed of each captured output
         self.captured_ptrs: tuple[int, ...] = ()  # input addresses the graph was captured with
         self.staged: dict[int, torch.Tensor] = {}  # inputs read from a buffer of their own
         self.captures = 0
         self.replays = 0
         self._ok = _driver().CUresult.CUDA_SUCCESS
-        self.lock = threading.Lock()
+        # weak references to the storages of outputs handed out (see _lend, _reclaim)
+        self.lent: list[int] = []
+        # device copies outputs took: lent storages still held when a later call ran, and
+        # outputs in memory a later call reuses (constants, staged inputs, kept copies)
+        self.copied_out = 0
+        self._captured_plan: tuple | None = None  # _out_plan of the captured outputs
+        self.out_inputs = _outputs_viewing_inputs(prog)
+        # re-entrant: a custom op's kernel may export an arena buffer (take_back_lent)
+        self.lock = threading.RLock()
+        _RUNNERS.add(self)
 
     def _materialize(self) -> None:
         """The arena with every kernel output's view at its planned offset, and constants."""
@@ -106,6 +125,7 @@ class GpuRunner:
             self.arena = torch.empty(
                 max(self.memory.size, 1), dtype=torch.uint8, device=self.device
             )
+            self._own(self.arena)
             for v, slot in self.memory.slots.items():
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
@@ -169,6 +189,7 @@ class GpuRunner:
             inverse = sorted(range(len(order)), key=order.__getitem__)
             out = buf.permute(inverse).view(tuple(s.attrs[0]))
             self.view_copies[s.output] = ((buf, out), order)
+            self._own(buf)
             return out
         out = run_host(s.op, [src], s.attrs, {})
         if (
@@ -178,6 +199,7 @@ class GpuRunner:
             and out.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()
         ):
             self.view_copies[s.output] = ((out.view(src.shape), out), None)
+            self._own(out)
         return out
 
     def _workspace(self, nbytes: int, keep: bool = True):
@@ -288,21 +310,155 @@ class GpuRunner:
 
     # --- a call ------------------------------------------------------------------------------
 
-    def __call__(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
+    def __call__(self, prepared: list[torch.Tensor], stats, given: list | None = None) -> list:
+        """One call. ``given``: the caller's inputs (``prepared`` holds packed copies of
+        those that were not packed): an output that is a view of an input is a view of
+        the caller's tensor, as in eager, only where that input is the caller's own."""
         with self.lock:
             if self.arena is None:
                 self._materialize()
+            # outputs of earlier calls still held must keep their values: this call writes
+            # the arena (an input that is such an output moves before its address is read)
+            self._reclaim()
             self.calls += 1
             if not self.replay or self.calls == 1:
                 env = self._steps(prepared, stats)
                 outs = [env[v] for v in self.r.program.outputs]
-                # the arena is overwritten by the next call: hand out copies of its values
-                return [self._copy_out(t) if self._in_arena(t) else t for t in outs]
-            outs = self._replayed(prepared, stats)
-            if outs is self.captured_outs:  # fixed memory: one device copy out each
+                return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
+            outs, env = self._replayed(prepared, stats)
+            if env is None:
                 stats.replayed = True
-                return [self._copy_out(t, p) for t, p in zip(outs, self.out_specs, strict=True)]
-            return [self._copy_out(t) for t in outs]
+                return self._hand_out(outs, self._captured_plan, prepared, given)
+            return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
+
+    # --- outputs: lent out of the arena, copied out only when still held -----------------
+
+    def _groups(self, outs: list) -> list[tuple[int, int, list[tuple]]]:
+        """Outputs in the runner's memory as (address, bytes, members): one storage per
+        group of outputs whose bytes overlap (views of one value share it, as in eager), each
+        member (position, dtype, element offset, shape, strides). Other outputs are in no
+        group."""
+        spans = []
+        for i, t in enumerate(outs):
+            if isinstance(t, torch.Tensor) and t.numel() and self._in_owned(t):
+                size = t.element_size()
+                extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+                spans.append((t.data_ptr(), t.data_ptr() + extent * size, i, t))
+        spans.sort(key=lambda sp: sp[0])
+        groups: list[list] = []
+        for start, end, i, t in spans:
+            if groups and start < groups[-1][1]:
+                groups[-1][1] = max(groups[-1][1], end)
+                groups[-1][2].append((start, i, t))
+            else:
+                groups.append([start, end, [(start, i, t)]])
+        out = []
+        for start, end, members in groups:
+            if any((ptr - start) % t.element_size() for ptr, _, t in members):
+                continue  # mixed element sizes at odd offsets: copied out instead
+            out.append(
+                (
+                    start,
+                    end - start,
+                    [
+                        (i, t.dtype, (ptr - start) // t.element_size(), t.shape, t.stride())
+                        for ptr, i, t in members
+                    ],
+                )
+            )
+        return out
+
+    def _out_plan(self, outs: list, env: dict) -> tuple[list, dict]:
+        """How a call's outputs are handed out: the arena groups (``_groups``) and the
+        outputs that view an input without a copy: position -> (input position, shape,
+        strides, element offset from the input's)."""
+        views = {}
+        for k, value in self.out_inputs.items():
+            t, base = outs[k], env[value]
+            if (
+                isinstance(t, torch.Tensor)
+                and isinstance(base, torch.Tensor)
+                and t.device == base.device == self.device
+                and t.untyped_storage()._cdata == base.untyped_storage()._cdata
+            ):
+                rel = t.storage_offset() - base.storage_offset()
+                views[k] = (self.r._position[value], t.shape, t.stride(), rel)
+        return self._groups(outs), views
+
+    def _hand_out(self, outs: list, plan: tuple, prepared: list, given: list | None) -> list:
+        """The call's results: outputs in the runner's memory as tensors over storages of
+        their own that point into it (weakly tracked, see _reclaim); views of the caller's
+        inputs as views of them; anything else on the device (a constant, a staged input, a
+        packed copy of an input: memory a later call reuses) as a copy."""
+        groups, views = plan
+        results = list(outs)
+        lent = set()
+        for k, (i, shape, stride, rel) in views.items():
+            if given is not None and prepared[i] is given[i]:
+                base = prepared[i]
+                results[k] = base.as_strided(shape, stride, base.storage_offset() + rel)
+                lent.add(k)
+        for start, nbytes, members in groups:
+            storage = torch._C._construct_storage_from_data_pointer(start, self.device, nbytes)
+            for i, dtype, offset, shape, stride in members:
+                empty = torch.empty(0, dtype=dtype, device=self.device)
+                results[i] = empty.set_(storage, offset, shape, stride)
+                lent.add(i)
+            self.lent.append(storage._weak_ref())
+        for i, t in enumerate(outs):
+            if i not in lent and isinstance(t, torch.Tensor) and t.device == self.device:
+                results[i] = self._copy_out(t)
+        return results
+
+    def _reclaim(self) -> None:
+        """Copy every lent storage still held out of the runner's memory (and forget the
+        rest)."""
+        if not self.lent:
+            return
+        lent, self.lent = self.lent, []
+        for ref in lent:
+            try:
+                held = torch.UntypedStorage._new_with_weak_ptr(ref)
+                if held is not None:
+                    self._take_back(held)
+            finally:
+                torch.UntypedStorage._free_weak_ref(ref)
+
+    def _take_back(self, held: torch.UntypedStorage) -> None:
+        """Give a lent storage memory of its own: a device copy of its bytes, then the
+        swap of data pointers (every tensor and view over it follows). A storage already
+        taken back (its address outside the runner's memory) is left alone."""
+        ptr, nbytes = held.data_ptr(), held.nbytes()
+        if not any(base <= ptr < end for base, end in self._owned.values()):
+            return
+        fresh = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        (err,) = _driver().cuMemcpyDtoDAsync(fresh.data_ptr(), ptr, nbytes, self.stream)
+        if err != self._ok:
+            self._check((err,), "cuMemcpyDtoDAsync")
+        whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(held)
+        torch.ops.saturn_rt.swap_storage_data(whole, fresh)  # fresh now views the arena
+        self.copied_out += 1
+
+    def lends(self, storage: torch.UntypedStorage) -> bool:
+        """Whether ``storage`` is one this runner lent that still points into its memory."""
+        if storage.device != self.device or storage._cdata in self._owned:
+            return False
+        ptr = storage.data_ptr()
+        return any(base <= ptr < end for base, end in self._owned.values())
+
+    def _own(self, t: torch.Tensor) -> None:
+        """Note memory every call rewrites (the arena, a reshape's kept copy): outputs in
+        it are lent."""
+        storage = t.untyped_storage()
+        self._owned[storage._cdata] = (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
+
+    def __del__(self) -> None:
+        # held outputs must not point into memory about to be freed
+        try:
+            if self.arena is not None:
+                self._reclaim()
+        except Exception:  # interpreter shutdown: the device may be gone already
+            pass
 
     def _packed(self, t: torch.Tensor) -> tuple | None:
         """(shape, dtype, address, bytes) of a packed device tensor; None for anything else."""
@@ -310,10 +466,10 @@ class GpuRunner:
             return None
         return (t.shape, t.dtype, t.data_ptr(), t.numel() * t.element_size())
 
-    def _copy_out(self, t: torch.Tensor, packed: tuple | None = None) -> torch.Tensor:
-        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed
-        (``packed``: what ``_packed`` says of ``t``, when already known)."""
-        packed = packed or self._packed(t)
+    def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
+        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed."""
+        self.copied_out += 1
+        packed = self._packed(t)
         if packed is None:
             return t.clone()
         shape, dtype, src, nbytes = packed
@@ -324,10 +480,12 @@ class GpuRunner:
                 self._check((err,), "cuMemcpyDtoDAsync")
         return out
 
-    def _in_arena(self, t: torch.Tensor) -> bool:
-        return t.device == self.device and t.untyped_storage().data_ptr() == self.arena.data_ptr()
+    def _in_owned(self, t: torch.Tensor) -> bool:
+        return t.device == self.device and t.untyped_storage()._cdata in self._owned
 
-    def _replayed(self, prepared: list[torch.Tensor], stats) -> list[torch.Tensor]:
+    def _replayed(self, prepared: list[torch.Tensor], stats) -> tuple[list, dict | None]:
+        """The replayed call's outputs (the captured ones) and None, or, where the call
+        could not be captured, the outputs of a step-by-step run and its values."""
         drv = _driver()
         # size inputs (symbolic graphs) are fixed for this recipe: only tensors can move
         ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in prepared)
@@ -347,21 +505,21 @@ class GpuRunner:
             if not self._capture(prepared, stats):
                 self.replay = False
                 env = self._steps(prepared, stats)
-                return [env[v] for v in self.r.program.outputs]
+                return [env[v] for v in self.r.program.outputs], env
             self.captured_ptrs = ptrs
         (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
         if err != self._ok:
             self._check((err,), "cuGraphLaunch")
         self.replays += 1
         stats.launches += 1
-        return self.captured_outs
+        return self.captured_outs, None
 
     def _release(self) -> None:
         drv = _driver()
         if self.exec_ is not None:
             drv.cuGraphExecDestroy(self.exec_)
         self.exec_, self.captured_outs, self.captured_ptrs = None, [], ()
-        self.out_specs = []
+        self._captured_plan = None
 
     def _capture(self, prepared, stats) -> bool:
         """Capture one call's device work as a graph; False when it is not safe to replay."""
@@ -390,7 +548,7 @@ class GpuRunner:
         self.captures += 1
         self.exec_ = exec_
         self.captured_outs = [env[v] for v in self.r.program.outputs]
-        self.out_specs = [self._packed(t) for t in self.captured_outs]
+        self._captured_plan = self._out_plan(self.captured_outs, env)
         return True
 
     @staticmethod
@@ -399,6 +557,33 @@ class GpuRunner:
         err = res[0] if isinstance(res, tuple) else res
         if err != drv.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"saturn: {what} failed: {err}")
+
+
+_RUNNERS: weakref.WeakSet[GpuRunner] = weakref.WeakSet()
+
+
+def take_back_lent(t: torch.Tensor) -> None:
+    """Give ``t``'s storage memory of its own now if a compiled call lent it out of its
+    arena: a raw address handed to another library must stay valid after later calls."""
+    storage = t.untyped_storage()
+    for runner in list(_RUNNERS):
+        if runner.lends(storage):
+            with runner.lock:
+                runner._take_back(storage)
+            return
+
+
+def _outputs_viewing_inputs(prog) -> dict[int, str]:
+    """Output position -> the input value it is (or views through view steps)."""
+    steps = {s.output: s for s in prog.steps}
+    found = {}
+    for k, v in enumerate(prog.outputs):
+        s = steps[v]
+        while s.kind == "view":
+            s = steps[s.args[0]]
+        if s.kind == "input":
+            found[k] = s.output
+    return found
 
 
 def _read_only_by_gemms(prog) -> set[str]:

@@ -70,7 +70,7 @@ class CallStats:
     launches: int = 0
     host_ops: int = 0
     input_copies_reused: int = 0
-    replayed: bool = False  # a CUDA-graph replay, outputs fresh copies of checked ones
+    replayed: bool = False  # a CUDA-graph replay (outputs checked when captured)
 
 
 @dataclass
@@ -128,7 +128,7 @@ class Recipe:
         env: dict[str, object] = {}
         prepared = [self._input(i, t, stats) for i, t in enumerate(args)]
         if self.runner is not None:
-            outs = self.runner(prepared, stats)
+            outs = self.runner(prepared, stats, args)
             return self._finish(outs, args, prepared, stats)
         position = self._position  # program value of an input -> its position
         for s in self.program.steps:
@@ -152,7 +152,7 @@ class Recipe:
 
     def _finish(self, outs: list, args: list, prepared: list, stats: CallStats) -> list:
         """The graph's return tuple from the program's outputs, by the output spec."""
-        if stats.replayed and self.io_on_device:  # fresh copies of checked outputs
+        if stats.replayed and self.io_on_device:  # lent, laid out as the checked first call
             self.last = stats
             return [
                 outs[idx] if isinstance(idx, int) else None if idx is None else idx[1]

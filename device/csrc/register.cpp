@@ -5,6 +5,7 @@
 #include "guard.h"
 #include "hooks.h"
 #include "ops.h"
+#include "storage.h"
 
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
@@ -126,6 +127,11 @@ TORCH_LIBRARY(saturn_rt, m) {
     g.set_state(state);
   });
   m.def("fallback_counts() -> (str[], int[])", &fallback_snapshot);
+  m.def("swap_storage_data(Tensor a, Tensor b) -> ()",
+        [](const at::Tensor& a, const at::Tensor& b) {
+          swap_storage_data(a.storage().unsafeGetStorageImpl(),
+                            b.storage().unsafeGetStorageImpl());
+        });
   m.def("fallback_reset() -> ()", &fallback_reset);
 }
 

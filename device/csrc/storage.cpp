@@ -15,6 +15,15 @@ c10::DeviceIndex storage_device(const c10::StorageImpl* storage) {
   return storage->device().index();
 }
 
+void swap_storage_data(c10::StorageImpl* a, c10::StorageImpl* b) {
+  TORCH_CHECK(a->device() == b->device(), "saturn: swap_storage_data across devices (",
+              a->device(), ", ", b->device(), ")");
+  TORCH_CHECK(a->nbytes() == b->nbytes(), "saturn: swap_storage_data of ", a->nbytes(),
+              " and ", b->nbytes(), " bytes");
+  at::DataPtr was_a = a->set_data_ptr(std::move(b->mutable_data_ptr()));
+  b->set_data_ptr_noswap(std::move(was_a));
+}
+
 void copy_bytes(void* dst, c10::DeviceIndex dst_index, const void* src,
                 c10::DeviceIndex src_index, size_t bytes) {
   if (bytes == 0) return;

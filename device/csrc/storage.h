@@ -12,5 +12,8 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t bytes);
 // A device index of -1 means host memory.
 void copy_bytes(void* dst, c10::DeviceIndex dst_index, const void* src,
                 c10::DeviceIndex src_index, size_t bytes);
+// Exchanges the memory of two storages of one device and size: every tensor over either
+// follows (how a compiled call's lent output gets memory of its own).
+void swap_storage_data(c10::StorageImpl* a, c10::StorageImpl* b);
 
 }  // namespace saturn
