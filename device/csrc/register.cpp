@@ -49,6 +49,12 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>> fallback_snapshot() {
   return {names, counts};
 }
 
+// A kernel written in Python that declined its arguments and ran PyTorch's CPU kernel.
+void count_fallback(const std::string& key) {
+  std::lock_guard<std::mutex> lock(fallback_mu);
+  ++fallback_counts()[key];
+}
+
 void fallback_reset() {
   std::lock_guard<std::mutex> lock(fallback_mu);
   fallback_counts().clear();
@@ -133,6 +139,7 @@ TORCH_LIBRARY(saturn_rt, m) {
                             b.storage().unsafeGetStorageImpl());
         });
   m.def("fallback_reset() -> ()", &fallback_reset);
+  m.def("count_fallback(str key) -> ()", [](const std::string& key) { count_fallback(key); });
 }
 
 }  // namespace saturn

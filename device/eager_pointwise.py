@@ -1,0 +1,341 @@
+"""Eager elementwise ops on saturn GPU tensors: saturn's generated loop kernels, no trip
+through the host.
+
+An uncompiled optimizer step (``add_``, ``mul_``, ``lerp_``, ``addcmul_``, ``addcdiv_``,
+``sqrt``, ``_foreach_*`` through PyTorch's per-tensor path), a gradient accumulated into
+an existing ``.grad``, or any eager arithmetic on device tensors runs one loop kernel per
+op, built from the operation table's scalar expressions (the ones compiled graphs use)
+over the operands' real layouts. What a kernel does not take runs PyTorch's own CPU kernel
+on copies and is counted in ``saturn.fallback_counts()`` like any other fallback: other
+dtypes, type promotion across operands, operands on different devices, an in-place target
+that partly overlaps an operand, and saturn:0 (host memory, where the CPU kernel is the
+reference). PyTorch's errors for bad arguments come from that CPU kernel.
+
+Numbers (``alpha``, ``value``, a weight, a Python scalar operand) are read by the kernel
+from device memory: one kernel serves every value, so a learning rate that changes every
+step compiles nothing. They are converted to the operands' dtype first, as PyTorch's GPU
+kernels compute in it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from saturn.codegen import cuda as cg
+from saturn.eqsat.program import Kernel, Operand
+
+from .eager_kernels import is_non_overlapping_and_dense
+
+_lib = torch.library.Library("aten", "IMPL")
+
+ENABLED = True  # False: every op takes the counted CPU path (for comparisons)
+
+_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.int32: "i32", torch.int64: "i64"}
+_FLOATS = ("f32", "f64")
+_INTS_TOO = ("f32", "f64", "i32", "i64")
+
+In = tuple  # ("in", i): the i-th operand of the kernel
+
+
+_PARTIAL_OVERLAP = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor "
+    "refer to a single memory location. Please clone() the tensor before performing the "
+    "operation."
+)
+
+
+class DeclinedError(Exception):
+    """The kernel does not take these arguments: PyTorch's CPU kernel runs instead."""
+
+
+# --- kernels and scalars, cached --------------------------------------------------------
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, cg.CudaKernel] = {}
+_SCALARS: dict[tuple, torch.Tensor] = {}
+_CACHE_LIMIT = 4096
+
+
+def _kernel(body: tuple, dtype: str, operands: list[Operand], domain: tuple) -> cg.CudaKernel:
+    key = (body, dtype, tuple((o.dtype, o.shape, o.indexing) for o in operands), domain)
+    with _LOCK:
+        k = _KERNELS.get(key)
+    if k is None:
+        kern = Kernel("loop", "out", dtype, domain, operands, body=body, domain=domain)
+        index = torch.saturn.current_device()
+        k = cg.CudaKernel(kern, torch.saturn.get_device_capability(index))
+        with _LOCK:
+            if len(_KERNELS) >= _CACHE_LIMIT:
+                _KERNELS.clear()
+            _KERNELS[key] = k
+    return k
+
+
+def _scalar(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim device tensor holding ``value`` converted to ``dtype`` (made by memset, kept
+    for the next use of the same value: betas and epsilons repeat every step)."""
+    # the sign keeps -0.0 and 0.0 apart; every NaN converts to the same value's class
+    sign = math.copysign(1.0, value) if isinstance(value, float) else 0.0
+    key = (device, dtype, "nan" if value != value else value, sign)
+    with _LOCK:
+        t = _SCALARS.get(key)
+    if t is None:  # PyTorch's conversion (an out-of-range value raises as fill_ does)
+        t = torch.full((), value, dtype=dtype, device=device)
+        with _LOCK:
+            if len(_SCALARS) >= _CACHE_LIMIT:
+                _SCALARS.clear()
+            _SCALARS[key] = t
+    return t
+
+
+# --- argument checks --------------------------------------------------------------------
+
+
+def _gpu(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "saturn" and (t.device.index or 0) >= 1
+
+
+def _number(v, dtype: str):
+    """A number operand as a Python value of the kernel's category, or DeclinedError where
+    PyTorch would promote (a float number with an integer tensor) or where it is odd."""
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "cpu" or v.dim() != 0 or v.dtype not in _DTYPES:
+            raise DeclinedError
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise DeclinedError
+    if dtype not in _FLOATS and not isinstance(v, numbers.Integral):
+        raise DeclinedError
+    return v
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes ``a`` and ``b`` can reach intersect (conservative: spans)."""
+
+    def span(t):
+        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (alo, ahi), (blo, bhi) = span(a), span(b)
+    return alo < bhi and blo < ahi
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+# --- one elementwise op -----------------------------------------------------------------
+
+
+def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> torch.Tensor:
+    """Run ``body`` (leaves ("in", i) over ``args``: device tensors or numbers) as one loop
+    kernel; in place writes ``args[0]``. Raises DeclinedError for what the kernel does not take."""
+    if not ENABLED:
+        raise DeclinedError
+    tensors = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and not (a.device.type == "cpu" and a.dim() == 0)
+    ]
+    if not tensors or not all(_gpu(t) for t in tensors):
+        raise DeclinedError
+    device = tensors[0].device
+    dtype = tensors[0].dtype
+    code = _DTYPES.get(dtype)
+    if code not in allowed or any(t.device != device or t.dtype != dtype for t in tensors):
+        raise DeclinedError
+    target = args[0] if inplace else None
+    try:
+        shape = torch.broadcast_shapes(*[t.shape for t in tensors if t.dim() > 0])
+    except RuntimeError:
+        raise DeclinedError from None
+    if target is not None:  # overlap first: PyTorch checks it before shapes
+        for t in tensors[1:]:
+            if _overlaps(target, t) and not _same_view(target, t):
+                if is_non_overlapping_and_dense(target) and is_non_overlapping_and_dense(t):
+                    raise RuntimeError(_PARTIAL_OVERLAP)  # PyTorch's error, as on its devices
+                raise DeclinedError  # strided views PyTorch does not check: on copies
+        if tuple(target.shape) != tuple(shape):
+            raise DeclinedError  # PyTorch's CPU kernel raises its error
+    operands = []
+    for a in args:
+        if any(a is t for t in tensors):
+            operands.append(a)
+        else:
+            operands.append(_scalar(_number(a, code), dtype, device))
+    out = target if target is not None else _output(operands, shape, dtype, device)
+    if math.prod(shape) == 0:
+        return out
+    with torch.saturn.device(device.index):
+        _launch(body, code, operands, shape, out)
+    return out
+
+
+def _output(operands: list[torch.Tensor], shape, dtype, device) -> torch.Tensor:
+    """An out-of-place result laid out as its full-shape operands are, when they all share
+    one dense layout (as PyTorch's elementwise results do); packed otherwise."""
+    full = [t for t in operands if t.dim() > 0]
+    if (
+        full
+        and all(tuple(t.shape) == tuple(shape) and t.stride() == full[0].stride() for t in full)
+        and is_non_overlapping_and_dense(full[0])
+    ):
+        return torch.empty_strided(shape, full[0].stride(), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
+    """How the kernel reads its operands: (kernel operands, their shapes and strides as
+    launched, the iteration domain, whether ``out`` is written directly). Operands sharing
+    ``out``'s dense layout are read as one flat range ("same": vector accesses); anything
+    broadcast or laid out differently through strides, into a packed output."""
+    n = math.prod(shape)
+    full = [t for t in operands if t.dim() > 0]
+    flat = is_non_overlapping_and_dense(out) and all(
+        tuple(t.shape) == tuple(shape) and t.stride() == out.stride() for t in full
+    )
+    ops, shapes, strides = [], [], []
+    for i, t in enumerate(operands):
+        if t.dim() == 0:
+            ops.append(Operand(f"in{i}", code, (), "scalar"))
+            shapes.append(())
+            strides.append(())
+        elif flat:
+            ops.append(Operand(f"in{i}", code, (n,), "same"))
+            shapes.append((n,))
+            strides.append((1,))
+        else:
+            ops.append(Operand(f"in{i}", code, tuple(t.shape), "strided"))
+            shapes.append(tuple(t.shape))
+            strides.append(tuple(t.stride()))
+    domain = (n,) if flat else tuple(shape)
+    return ops, shapes, strides, domain, flat or out.is_contiguous()
+
+
+def _launch(body: tuple, code: str, operands: list[torch.Tensor], shape, out: torch.Tensor) -> None:
+    ops, shapes, strides, domain, direct = layout(code, operands, shape, out)
+    # a strided in-place target with broadcast operands is written through a packed result
+    dst = out if direct else torch.empty(shape, dtype=out.dtype, device=out.device)
+    k = _kernel(body, code, ops, domain)
+    stream = torch.saturn.stream_handle(out.device.index)
+    # a dense tensor's data pointer is its lowest address (PyTorch's strides are >= 0)
+    k.launch(stream, dst.data_ptr(), [t.data_ptr() for t in operands], shapes, strides)
+    if dst is not out:
+        out.copy_(dst)
+
+
+# --- registrations ----------------------------------------------------------------------
+
+
+def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
+    """PyTorch's CPU kernel on copies, results copied back (the counted fallback's
+    semantics and errors)."""
+    torch.ops.saturn_rt.count_fallback(f"aten::{name}")  # the C++ fallback's key
+
+    def host(v):
+        return v.cpu() if isinstance(v, torch.Tensor) and v.device.type == "saturn" else v
+
+    res = op(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})
+    if inplace:
+        return args[0].copy_(res)
+    return res.to(args[0].device) if isinstance(args[0], torch.Tensor) else res
+
+
+def _register(name: str, build: Callable, allowed: tuple[str, ...], inplace: bool) -> None:
+    """``build(*args, **kwargs)`` -> (body, kernel operands) for aten ``name``."""
+    packet, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+    def kernel(*args, **kwargs):
+        try:
+            body, operands = build(*args, **kwargs)
+            return run(body, operands, allowed, inplace)
+        except DeclinedError:
+            return _cpu(name, op, args, kwargs, inplace)
+
+    _lib.impl(name, kernel, "PrivateUse1")
+
+
+def _x(i: int) -> In:
+    return ("in", i)
+
+
+def _binary(node: str, with_alpha: bool = False):
+    def build(a, b, alpha=1):
+        if with_alpha and not (isinstance(alpha, numbers.Real) and alpha == 1):
+            return (node, _x(0), ("mul", _x(2), _x(1))), [a, b, alpha]
+        return (node, _x(0), _x(1)), [a, b]
+
+    return build
+
+
+def _unary(node: str):
+    def build(a):
+        return (node, _x(0)), [a]
+
+    return build
+
+
+def _addc(node: str):
+    def build(a, t1, t2, value=1):
+        if isinstance(value, numbers.Real) and value == 1:
+            return ("add", _x(0), (node, _x(1), _x(2))), [a, t1, t2]
+        if node == "mul":  # PyTorch: self + value * t1 * t2
+            return ("add", _x(0), ("mul", ("mul", _x(3), _x(1)), _x(2))), [a, t1, t2, value]
+        return ("add", _x(0), ("mul", _x(3), ("div", _x(1), _x(2)))), [a, t1, t2, value]
+
+    return build
+
+
+def _lerp(a, end, weight):
+    """PyTorch's lerp: ``a + w (end - a)`` for |w| < 0.5, else ``end - (end - a)(1 - w)``
+    (exact at both ends); the branch is the number's, chosen here."""
+    w = _number(weight, "f32")
+    if abs(w) < 0.5:
+        return ("add", _x(0), ("mul", _x(2), ("sub", _x(1), _x(0)))), [a, end, w]
+    one_minus = float(np.float32(1.0) - np.float32(w)) if a.dtype == torch.float32 else 1.0 - w
+    return ("sub", _x(1), ("mul", ("sub", _x(1), _x(0)), _x(2))), [a, end, one_minus]
+
+
+for _name, _node, _alpha, _allowed in (
+    ("add", "add", True, _INTS_TOO),
+    ("sub", "sub", True, _INTS_TOO),
+    ("mul", "mul", False, _INTS_TOO),
+    ("div", "div", False, _FLOATS),
+):
+    for _suffix, _inplace in (("", False), ("_", True)):
+        _register(f"{_name}{_suffix}.Tensor", _binary(_node, _alpha), _allowed, _inplace)
+        _register(f"{_name}{_suffix}.Scalar", _binary(_node, _alpha), _allowed, _inplace)
+
+for _name, _allowed in (("maximum", _INTS_TOO), ("minimum", _INTS_TOO)):
+    _register(_name, _binary(_name), _allowed, False)
+
+for _name, _allowed in (
+    ("neg", _INTS_TOO),
+    ("abs", _INTS_TOO),
+    ("relu", _INTS_TOO),
+    ("exp", _FLOATS),
+    ("log", _FLOATS),
+    ("sqrt", _FLOATS),
+    ("rsqrt", _FLOATS),
+    ("reciprocal", _FLOATS),
+    ("tanh", _FLOATS),
+    ("sigmoid", _FLOATS),
+):
+    _register(_name, _unary(_name), _allowed, False)
+    _register(f"{_name}_", _unary(_name), _allowed, True)
+
+for _name, _node in (("addcmul", "mul"), ("addcdiv", "div")):
+    _register(_name, _addc(_node), _FLOATS, False)
+    _register(f"{_name}_", _addc(_node), _FLOATS, True)
+
+_register("lerp.Scalar", _lerp, _FLOATS, False)
+_register("lerp_.Scalar", _lerp, _FLOATS, True)
