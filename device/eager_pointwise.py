@@ -23,6 +23,7 @@ import math
 import numbers
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -119,8 +120,11 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes ``a`` and ``b`` can reach intersect (conservative: spans)."""
 
     def span(t):
+        lo = t.data_ptr()
+        if t.is_contiguous():
+            return lo, lo + t.numel() * t.element_size()
         extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+        return lo, lo + extent * t.element_size()
 
     if a.numel() == 0 or b.numel() == 0:
         return False
@@ -135,11 +139,93 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 # --- one elementwise op -----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a call's argument signature (op, dtypes, shapes, strides, number kinds) fixes."""
+
+    kernel: cg.CudaKernel | None  # None: nothing to compute (an empty result)
+    shape: tuple[int, ...]  # the result's
+    out_strides: tuple[int, ...] | None  # an out-of-place result's (None: packed)
+    shapes: list  # operands' shapes and strides as launched
+    strides: list
+    direct: bool  # the kernel writes the result itself (else a packed one, then a copy)
+    numbers: tuple[int, ...]  # argument positions read as numbers
+    dtype: torch.dtype
+    device: torch.device
+    stream: int
+
+
+_PLANS: dict[tuple, _Plan | None] = {}  # None: the signature declines
+
+
 def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> torch.Tensor:
     """Run ``body`` (leaves ("in", i) over ``args``: device tensors or numbers) as one loop
-    kernel; in place writes ``args[0]``. Raises DeclinedError for what the kernel does not take."""
+    kernel; in place writes ``args[0]``. Raises DeclinedError for what the kernel does not
+    take. Everything but addresses and numbers' values is worked out once per signature."""
     if not ENABLED:
         raise DeclinedError
+    sig: list = [body, inplace, allowed]
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            sig.append(type(a))
+        elif a.device.type == "cpu" and a.dim() == 0:
+            sig.append(("number", a.dtype))
+        else:
+            sig.append((a.device, a.dtype, a.shape, a.stride()))
+    if inplace:  # pointer-dependent, and PyTorch checks overlap before shapes
+        _check_overlap(args)
+    key = tuple(sig)
+    with _LOCK:
+        plan = _PLANS.get(key, False)
+    if plan is False:
+        try:
+            plan = _plan(body, args, allowed, inplace)
+        except DeclinedError:
+            plan = None
+        with _LOCK:
+            if len(_PLANS) >= _CACHE_LIMIT:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if plan is None:
+        raise DeclinedError
+    operands = list(args)
+    for i in plan.numbers:
+        operands[i] = _scalar(_number(args[i], _DTYPES[plan.dtype]), plan.dtype, plan.device)
+    if inplace:
+        out = args[0]
+    elif plan.out_strides is not None:
+        out = torch.empty_strided(
+            plan.shape, plan.out_strides, dtype=plan.dtype, device=plan.device
+        )
+    else:
+        out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    if plan.kernel is None:
+        return out
+    # a strided in-place target with broadcast operands is written through a packed result
+    dst = out if plan.direct else torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    with torch.saturn.device(plan.device.index):
+        # a dense tensor's data pointer is its lowest address (PyTorch's strides are >= 0)
+        ptrs = [t.data_ptr() for t in operands]
+        plan.kernel.launch(plan.stream, dst.data_ptr(), ptrs, plan.shapes, plan.strides)
+    if dst is not out:
+        out.copy_(dst)
+    return out
+
+
+def _check_overlap(args: list) -> None:
+    """An in-place target partly overlapping an operand: PyTorch's error where both are
+    dense (as its own devices raise), declined (computed on copies) otherwise."""
+    target = args[0]
+    if not _gpu(target):
+        return
+    for t in args[1:]:
+        if _gpu(t) and t is not target and _overlaps(target, t) and not _same_view(target, t):
+            if is_non_overlapping_and_dense(target) and is_non_overlapping_and_dense(t):
+                raise RuntimeError(_PARTIAL_OVERLAP)
+            raise DeclinedError
+
+
+def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _Plan:
     tensors = [
         a
         for a in args
@@ -152,44 +238,57 @@ def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> tor
     code = _DTYPES.get(dtype)
     if code not in allowed or any(t.device != device or t.dtype != dtype for t in tensors):
         raise DeclinedError
-    target = args[0] if inplace else None
     try:
-        shape = torch.broadcast_shapes(*[t.shape for t in tensors if t.dim() > 0])
+        shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors if t.dim() > 0]))
     except RuntimeError:
         raise DeclinedError from None
-    if target is not None:  # overlap first: PyTorch checks it before shapes
-        for t in tensors[1:]:
-            if _overlaps(target, t) and not _same_view(target, t):
-                if is_non_overlapping_and_dense(target) and is_non_overlapping_and_dense(t):
-                    raise RuntimeError(_PARTIAL_OVERLAP)  # PyTorch's error, as on its devices
-                raise DeclinedError  # strided views PyTorch does not check: on copies
-        if tuple(target.shape) != tuple(shape):
-            raise DeclinedError  # PyTorch's CPU kernel raises its error
-    operands = []
-    for a in args:
+    if inplace and tuple(args[0].shape) != shape:
+        raise DeclinedError  # PyTorch's CPU kernel raises its error
+    numbers = []
+    operands = []  # tensors, and stand-ins with the layout of a number's device tensor
+    for i, a in enumerate(args):
         if any(a is t for t in tensors):
             operands.append(a)
         else:
-            operands.append(_scalar(_number(a, code), dtype, device))
-    out = target if target is not None else _output(operands, shape, dtype, device)
+            _number(a, code)  # declines a kind that would promote
+            numbers.append(i)
+            operands.append(torch.empty((), dtype=dtype, device="meta"))
+    out_strides = None
+    if inplace:
+        out = args[0]
+    else:
+        out_strides = _output_strides(operands, shape)
+        out = torch.empty_strided(shape, out_strides or _packed(shape), device="meta")
+    stream = torch.saturn.stream_handle(device.index)
     if math.prod(shape) == 0:
-        return out
+        return _Plan(None, shape, out_strides, [], [], True, (), dtype, device, stream)
+    ops, shapes, strides, domain, direct = layout(code, operands, shape, out)
     with torch.saturn.device(device.index):
-        _launch(body, code, operands, shape, out)
-    return out
+        k = _kernel(body, code, ops, domain)
+    return _Plan(
+        k, shape, out_strides, shapes, strides, direct, tuple(numbers), dtype, device, stream
+    )
 
 
-def _output(operands: list[torch.Tensor], shape, dtype, device) -> torch.Tensor:
-    """An out-of-place result laid out as its full-shape operands are, when they all share
-    one dense layout (as PyTorch's elementwise results do); packed otherwise."""
+def _packed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _output_strides(operands: list[torch.Tensor], shape) -> tuple[int, ...] | None:
+    """An out-of-place result's strides: its full-shape operands' when they all share one
+    dense layout (as PyTorch's elementwise results do); None (packed) otherwise."""
     full = [t for t in operands if t.dim() > 0]
     if (
         full
         and all(tuple(t.shape) == tuple(shape) and t.stride() == full[0].stride() for t in full)
         and is_non_overlapping_and_dense(full[0])
     ):
-        return torch.empty_strided(shape, full[0].stride(), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+        return tuple(full[0].stride())
+    return None
 
 
 def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
@@ -218,18 +317,6 @@ def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
             strides.append(tuple(t.stride()))
     domain = (n,) if flat else tuple(shape)
     return ops, shapes, strides, domain, flat or out.is_contiguous()
-
-
-def _launch(body: tuple, code: str, operands: list[torch.Tensor], shape, out: torch.Tensor) -> None:
-    ops, shapes, strides, domain, direct = layout(code, operands, shape, out)
-    # a strided in-place target with broadcast operands is written through a packed result
-    dst = out if direct else torch.empty(shape, dtype=out.dtype, device=out.device)
-    k = _kernel(body, code, ops, domain)
-    stream = torch.saturn.stream_handle(out.device.index)
-    # a dense tensor's data pointer is its lowest address (PyTorch's strides are >= 0)
-    k.launch(stream, dst.data_ptr(), [t.data_ptr() for t in operands], shapes, strides)
-    if dst is not out:
-        out.copy_(dst)
 
 
 # --- registrations ----------------------------------------------------------------------

@@ -5,6 +5,10 @@ worked out the same way on any device."""
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
+import pytest
 import torch
 
 import saturn
@@ -74,3 +78,116 @@ def test_numbers_that_would_promote_are_declined():
         except ep.DeclinedError:
             continue
         raise AssertionError(f"{v!r} with {code} must decline")
+
+
+# --- the whole eager path on host memory: saturn:0 treated as a GPU, the launch replaced by
+# the evaluator reading and writing the kernel's operands through their addresses ----------
+
+
+class HostKernel:
+    """Stands in for a CudaKernel: evaluates the body with numpy over memory at the
+    launch's addresses (saturn:0 is host memory), shapes and strides as launched."""
+
+    def __init__(self, body, code: str, ops, domain):
+        self.body, self.code, self.ops, self.domain = body, code, ops, tuple(domain)
+        self.launches = 0
+
+    def view(self, ptr: int, shape, strides):
+        itemsize = np.dtype(NUMPY[self.code]).itemsize
+        extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+        raw = (ctypes.c_byte * (extent * itemsize)).from_address(ptr)
+        base = np.frombuffer(raw, dtype=NUMPY[self.code])
+        return np.lib.stride_tricks.as_strided(
+            base, shape, [s * itemsize for s in strides], writeable=True
+        )
+
+    def launch(self, stream, out_ptr, in_ptrs, shapes, strides, workspace=None):
+        from saturn.eqsat.evaluate import eval_expr
+
+        self.launches += 1
+        arrays = [self.view(p, sh, st) for p, sh, st in zip(in_ptrs, shapes, strides, strict=True)]
+        value = np.broadcast_to(eval_expr(self.body, arrays), self.domain)
+        packed = [1] * len(self.domain)
+        for d in range(len(self.domain) - 2, -1, -1):
+            packed[d] = packed[d + 1] * self.domain[d + 1]
+        self.view(out_ptr, self.domain, packed)[...] = value
+
+
+NUMPY = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64}
+
+
+@pytest.fixture
+def host_gpu(monkeypatch):
+    kernels: list[HostKernel] = []
+
+    def kernel(body, code, ops, domain):
+        kernels.append(HostKernel(body, code, ops, domain))
+        return kernels[-1]
+
+    def gpu(t) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == "saturn"
+
+    monkeypatch.setattr(ep, "_gpu", gpu)
+    monkeypatch.setattr(torch.saturn, "stream_handle", lambda device=None: 0)
+    monkeypatch.setattr(ep, "_kernel", kernel)
+    monkeypatch.setattr(ep, "_PLANS", {})
+    monkeypatch.setattr(ep, "_SCALARS", {})
+    return kernels
+
+
+CASES = {
+    "add alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "sub number": lambda a, b: (a - b) * 2.5 - 1,
+    "div": lambda a, b: a / b,
+    "maximum": torch.maximum,
+    "add_ alpha": lambda a, b: a.add_(b, alpha=-0.25),
+    "mul_ 0-dim": lambda a, b: a.mul_(torch.tensor(3.0)),
+    "addcmul_": lambda a, b: a.addcmul_(b, b, value=0.1),
+    "addcdiv_": lambda a, b: a.addcdiv_(b, b.abs() + 1, value=-0.3),
+    "lerp_ small": lambda a, b: a.lerp_(b, 0.1),
+    "lerp_ large": lambda a, b: a.lerp_(b, 0.9),
+    "sqrt": lambda a, b: torch.sqrt(b.abs()),
+    "relu_": lambda a, b: a.relu_(),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("layout", ["packed", "transposed", "broadcast"])
+def test_eager_path_on_host_memory(host_gpu, name, layout):
+    torch.manual_seed(11)
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    if layout == "transposed":
+        a, b = torch.randn(7, 5).t(), torch.randn(7, 5).t()
+    elif layout == "broadcast":
+        b = torch.randn(7)
+    want = CASES[name](a.clone(), b.clone())
+    da, db = a.to(DEV), b.to(DEV)
+    before = saturn.fallback_counts()
+    got = CASES[name](da, db)
+    assert saturn.fallback_counts() == before, "declined"
+    assert host_gpu and all(k.launches for k in host_gpu)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+    if layout == "transposed" and not name.endswith("_"):
+        assert got.stride() == want.stride()
+    if layout != "broadcast":  # one dense layout: read flat
+        assert all(o.indexing in ("same", "scalar") for k in host_gpu for o in k.ops)
+
+
+def test_plans_are_reused_and_numbers_are_operands(host_gpu):
+    a, b = torch.randn(4, 3).to(DEV), torch.randn(4, 3).to(DEV)
+    for lr in (0.1, 0.2, 0.3):
+        a.add_(b, alpha=-lr)
+    assert len(host_gpu) == 1 and host_gpu[0].launches == 3, "one kernel for every alpha"
+    assert len(ep._PLANS) == 1 and len(ep._SCALARS) == 3
+    a.add_(b[:2], alpha=-0.1) if False else None
+    a[:2].add_(b[:2], alpha=-0.1)
+    assert len(ep._PLANS) == 2
+
+
+def test_partial_overlap_raises_pytorchs_error(host_gpu):
+    a = torch.randn(10).to(DEV)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        a[1:].add_(a[:-1])
+    b = torch.randn(10).to(DEV)
+    b.add_(b)  # the same view: fine
+    assert not host_gpu or host_gpu[-1].launches == 1
