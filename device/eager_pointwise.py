@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
-from saturn.eqsat.program import Kernel, Operand
+from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .eager_kernels import is_non_overlapping_and_dense
 
@@ -258,7 +258,7 @@ def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _
         out = args[0]
     else:
         out_strides = _output_strides(operands, shape)
-        out = torch.empty_strided(shape, out_strides or _packed(shape), device="meta")
+        out = torch.empty_strided(shape, out_strides or packed_strides(shape), device="meta")
     stream = torch.saturn.stream_handle(device.index)
     if math.prod(shape) == 0:
         return _Plan(None, shape, out_strides, [], [], True, (), dtype, device, stream)
@@ -268,14 +268,6 @@ def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _
     return _Plan(
         k, shape, out_strides, shapes, strides, direct, tuple(numbers), dtype, device, stream
     )
-
-
-def _packed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _output_strides(operands: list[torch.Tensor], shape) -> tuple[int, ...] | None:
