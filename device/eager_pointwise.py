@@ -51,6 +51,12 @@ _PARTIAL_OVERLAP = (
 )
 
 
+_INTERNAL_OVERLAP = (
+    "unsupported operation: more than one element of the written-to tensor refers to a "
+    "single memory location. Please clone() the tensor before performing the operation."
+)
+
+
 class DeclinedError(Exception):
     """The kernel does not take these arguments: PyTorch's CPU kernel runs instead."""
 
@@ -218,6 +224,8 @@ def _check_overlap(args: list) -> None:
     target = args[0]
     if not _gpu(target):
         return
+    if any(st == 0 and n > 1 for n, st in zip(target.shape, target.stride(), strict=True)):
+        raise RuntimeError(_INTERNAL_OVERLAP)  # an expanded target: PyTorch's error
     for t in args[1:]:
         if _gpu(t) and t is not target and _overlaps(target, t) and not _same_view(target, t):
             if is_non_overlapping_and_dense(target) and is_non_overlapping_and_dense(t):
@@ -325,7 +333,13 @@ def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
     res = op(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})
     if inplace:
         return args[0].copy_(res)
-    return res.to(args[0].device) if isinstance(args[0], torch.Tensor) else res
+    # the result lives where the op's saturn operand does (self may be a CPU number)
+    device = next(
+        v.device
+        for v in (*args, *kwargs.values())
+        if isinstance(v, torch.Tensor) and v.device.type == "saturn"
+    )
+    return res.to(device)
 
 
 def _register(name: str, build: Callable, allowed: tuple[str, ...], inplace: bool) -> None:

@@ -184,3 +184,11 @@ def test_an_uncompiled_adamw_step_runs_on_the_device(foreach):
 
     ran_on_host = {k for k in added if op(k) in arithmetic}
     assert not ran_on_host, sorted(added)
+
+
+def test_a_cpu_number_first_and_an_expanded_target():
+    a = values((4, 3), seed=12)
+    got = torch.tensor(2.5) - a.to(GPU)
+    check(got, torch.tensor(2.5) - a)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.zeros(1, 3, device=GPU).expand(4, 3).add_(a.to(GPU))

@@ -191,3 +191,29 @@ def test_partial_overlap_raises_pytorchs_error(host_gpu):
     b = torch.randn(10).to(DEV)
     b.add_(b)  # the same view: fine
     assert not host_gpu or host_gpu[-1].launches == 1
+
+
+def test_a_cpu_number_first_keeps_the_result_on_the_saturn_device():
+    a = torch.arange(3.0, device=DEV)
+    for got in (torch.tensor(2.0) * a, torch.tensor(1.0) - a, torch.maximum(torch.tensor(1.0), a)):
+        assert got.device == torch.device(DEV)
+    assert torch.equal((torch.tensor(2.0) * a).cpu(), torch.tensor([0.0, 2.0, 4.0]))
+
+
+def test_a_cpu_number_first_runs_the_kernel(host_gpu):
+    a = torch.arange(4.0).to(DEV)
+    before = saturn.fallback_counts()
+    got = torch.tensor(3.0) - a
+    assert saturn.fallback_counts() == before and host_gpu
+    assert got.device == torch.device(DEV)
+    assert torch.equal(got.cpu(), torch.tensor([3.0, 2.0, 1.0, 0.0]))
+
+
+def test_an_expanded_in_place_target_raises_pytorchs_error(host_gpu):
+    message = "more than one element of the written-to tensor refers to a single memory"
+    with pytest.raises(RuntimeError, match=message):
+        torch.zeros(1).expand(3).add_(torch.arange(3.0))  # PyTorch on the CPU
+    target = torch.zeros(1, device=DEV).expand(3)
+    with pytest.raises(RuntimeError, match=message):
+        target.add_(torch.arange(3.0).to(DEV))
+    assert not host_gpu, "nothing launched"
