@@ -325,6 +325,14 @@ def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
 def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
     """PyTorch's CPU kernel on copies, results copied back (the counted fallback's
     semantics and errors)."""
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    device = next(t.device for t in tensors if t.device.type == "saturn")
+    other = next((t.device for t in tensors if t.device != device and t.dim() > 0), None)
+    if other is not None:  # a CPU number may mix in; a CPU tensor may not
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{device} and {other}!"
+        )
     torch.ops.saturn_rt.count_fallback(f"aten::{name}")  # the C++ fallback's key
 
     def host(v):
@@ -333,13 +341,7 @@ def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
     res = op(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})
     if inplace:
         return args[0].copy_(res)
-    # the result lives where the op's saturn operand does (self may be a CPU number)
-    device = next(
-        v.device
-        for v in (*args, *kwargs.values())
-        if isinstance(v, torch.Tensor) and v.device.type == "saturn"
-    )
-    return res.to(device)
+    return res.to(device)  # where the op's saturn operand is (self may be a CPU number)
 
 
 def _register(name: str, build: Callable, allowed: tuple[str, ...], inplace: bool) -> None:

@@ -217,3 +217,14 @@ def test_an_expanded_in_place_target_raises_pytorchs_error(host_gpu):
     with pytest.raises(RuntimeError, match=message):
         target.add_(torch.arange(3.0).to(DEV))
     assert not host_gpu, "nothing launched"
+
+
+def test_a_cpu_tensor_mixed_in_raises_pytorchs_device_error():
+    a = torch.arange(3.0, device=DEV)
+    before = saturn.fallback_counts()
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3) + a
+    with pytest.raises(RuntimeError, match="found at least two devices, saturn:0 and cpu"):
+        a.add_(torch.ones(3))
+    assert saturn.fallback_counts() == before
+    assert torch.equal(a.cpu(), torch.arange(3.0)), "nothing written"
