@@ -31,7 +31,7 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
-from .eager_kernels import is_non_overlapping_and_dense
+from .eager_kernels import byte_span, is_non_overlapping_and_dense
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -125,16 +125,9 @@ def _number(v, dtype: str):
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the bytes ``a`` and ``b`` can reach intersect (conservative: spans)."""
 
-    def span(t):
-        lo = t.data_ptr()
-        if t.is_contiguous():
-            return lo, lo + t.numel() * t.element_size()
-        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-        return lo, lo + extent * t.element_size()
-
     if a.numel() == 0 or b.numel() == 0:
         return False
-    (alo, ahi), (blo, bhi) = span(a), span(b)
+    (alo, ahi), (blo, bhi) = byte_span(a), byte_span(b)
     return alo < bhi and blo < ahi
 
 

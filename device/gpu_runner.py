@@ -42,8 +42,8 @@ from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 
+from .eager_kernels import byte_span, strided_copy
 from .eager_kernels import cuda_driver as _driver
-from .eager_kernels import strided_copy
 from .host_ops import run_host
 from .importer import DTYPES, TORCH_DTYPES
 from .recipe import check_operands, const_tensor
@@ -341,9 +341,7 @@ class GpuRunner:
         spans = []
         for i, t in enumerate(outs):
             if isinstance(t, torch.Tensor) and t.numel() and self._in_owned(t):
-                size = t.element_size()
-                extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-                spans.append((t.data_ptr(), t.data_ptr() + extent * size, i, t))
+                spans.append((*byte_span(t), i, t))
         spans.sort(key=lambda sp: sp[0])
         groups: list[list] = []
         for start, end, i, t in spans:

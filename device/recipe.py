@@ -24,6 +24,7 @@ from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import bits_float
 from saturn.eqsat.program import Program, Step
 
+from .eager_kernels import byte_span
 from .host_ops import run_host
 from .importer import DTYPES, TORCH_DTYPES, HostCall
 
@@ -34,8 +35,8 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     if t.numel() == 0:
         return np.empty(tuple(t.shape), dtype=dtype)
     size = t.element_size()
-    span = (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * size
-    base = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=dtype)
+    lo, hi = byte_span(t)
+    base = np.frombuffer((ctypes.c_char * (hi - lo)).from_address(lo), dtype=dtype)
     return np.lib.stride_tricks.as_strided(
         base, tuple(t.shape), tuple(st * size for st in t.stride())
     )
