@@ -51,6 +51,61 @@ NUMBA_SCALAR = {
 }
 
 
+# How each dtype sits in memory (pointer element types): bools are bytes; bfloat16, which
+# Numba has no type for, is the upper 16 bits of a float32 (codegen/halfbits.py).
+MEMORY_TYPE = {**NUMBA_SCALAR, "bool": "uint8", "f16": "float16", "bf16": "uint16"}
+# Half-precision dtypes: loops load them into float32, compute in float32 (as PyTorch's GPU
+# kernels do, its "opmath" type) and round once when they store.
+HALVES = ("f16", "bf16")
+
+
+def compute_dtype(dtype: str) -> str:
+    """What a value of ``dtype`` is held in inside a kernel."""
+    return "f32" if dtype in HALVES else dtype
+
+
+def load_expr(dtype: str, ref: str) -> str:
+    """The expression reading memory ``ref`` of ``dtype`` into its compute dtype."""
+    if dtype == "bool":
+        return f"{ref} != 0"  # bools travel as bytes (Numba stores a bool as i1)
+    if dtype == "f16":
+        return f"np.float32({ref})"
+    if dtype == "bf16":
+        return f"bf16_load({ref})"
+    return ref
+
+
+def half_helpers(decorator: str) -> str:
+    """Device functions for bfloat16 and float16 values held in float32: ``bf16_load``
+    (memory bits to float32: exact), ``bf16_store`` (float32 to the bits of the nearest
+    bfloat16, ties to even, as PyTorch's conversion; any NaN to its quiet NaN 0x7FC0),
+    ``bf16_round``/``f16_round`` (a float32 rounded to the half type and back: a cast
+    inside a body)."""
+    return f"""
+{decorator}
+def bf16_load(u):
+    return bits_f32(np.uint32(u) << np.uint32(16))
+
+
+{decorator}
+def bf16_store(v):
+    b = np.int64(f32_bits(np.float32(v)))
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16(0x7FC0)
+    return np.uint16((b + 0x7FFF + ((b >> 16) & 1)) >> 16)
+
+
+{decorator}
+def bf16_round(v):
+    return bf16_load(bf16_store(v))
+
+
+{decorator}
+def f16_round(v):
+    return np.float32(np.float16(v))
+"""
+
+
 class KernelError(RuntimeError):
     """A kernel the CUDA emitter cannot build, or a launch whose operands do not fit."""
 
@@ -149,9 +204,7 @@ def _operand_reads(
             ints += [f"r{g}", f"m{g}"]
         else:
             idx = f"off{i}"
-        # bools travel as bytes (Numba stores a bool as i1, memory holds i8)
-        nz = " != 0" if o.dtype == "bool" else ""
-        lines.append(f"{ind}in{i}_v = in{i}[{idx}]{nz}")
+        lines.append(f"{ind}in{i}_v = {load_expr(o.dtype, f'in{i}[{idx}]')}")
     return lines, sorted(set(ints), key=ints.index)
 
 
@@ -209,12 +262,30 @@ def _group(k: Kernel, i: int) -> int:
     return next(j for j, p in enumerate(k.inputs) if (p.indexing, p.shape) == (o.indexing, o.shape))
 
 
+def store_expr(dtype: str, value: str) -> str:
+    """``value`` (in its compute dtype) as ``dtype`` is held in memory."""
+    if dtype == "bf16":
+        return f"bf16_store({value})"
+    t = "np.uint8" if dtype == "bool" else NUMBA_TYPE[dtype]
+    return f"{t}({value})"
+
+
 def _store(k: Kernel, index: str, value: str) -> str:
-    t = "np.uint8" if k.dtype == "bool" else NUMBA_TYPE[k.dtype]
-    return f"out[{index}] = {t}({value})"
+    return f"out[{index}] = {store_expr(k.dtype, value)}"
 
 
-MEMORY_SIZE = {"bool": 1, "u8": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
+MEMORY_SIZE = {
+    "bool": 1,
+    "u8": 1,
+    "i8": 1,
+    "i16": 2,
+    "i32": 4,
+    "i64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+}
 VECTOR = True  # packed loops use vector loads and stores (bench/kernels.py turns it off)
 
 
@@ -271,15 +342,14 @@ def _vector_reads(
         if used is not None and i not in used:
             continue
         names = [f"in{i}_v{u}" for u in range(lanes)]
-        nz = " != 0" if o.dtype == "bool" else ""
         if o.indexing in ("same", "strided"):
             if o.indexing == "strided" and not offsets:
                 lines += _strided_offsets(k, "j", rank, dnames, ind, narrow)[0]
                 offsets = True
             at = "j" if o.indexing == "same" else f"off{i}"
             lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, {at})")
-            if nz:
-                lines += [f"{ind}{v} = {v}{nz}" for v in names]
+            if load_expr(o.dtype, "v") != "v":  # bools and halves: to their compute dtype
+                lines += [f"{ind}{v} = {load_expr(o.dtype, v)}" for v in names]
             continue
         per_lane = []
         for u in range(lanes):
@@ -290,7 +360,8 @@ def _vector_reads(
         if o.indexing in ("middle", "leading") and runs != "per-lane":
             g = _group(k, i) if o.indexing == "middle" else i
             at = f"q{g} % {u_}m{g}" if o.indexing == "middle" else f"q{g}"
-            shared = [f"w{i} = in{i}[{at}]{nz}", *(f"{v} = w{i}" for v in names)]
+            read = load_expr(o.dtype, f"in{i}[{at}]")
+            shared = [f"w{i} = {read}", *(f"{v} = w{i}" for v in names)]
             if runs == "shared":
                 lines += [ind + ln for ln in shared]
             else:
@@ -308,7 +379,10 @@ def _vector_reads(
             lines += [
                 f"{ind}t{i} = {jj} % {u_}m{i}",
                 f"{ind}if t{i} + {lanes} <= {u_}m{i}:",
-                *(f"{ind}    {v} = in{i}[t{i} + {u}]{nz}" for u, v in enumerate(names)),
+                *(
+                    f"{ind}    {v} = {load_expr(o.dtype, f'in{i}[t{i} + {u}]')}"
+                    for u, v in enumerate(names)
+                ),
                 f"{ind}else:",
                 *("    " + ln for ln in per_lane),
             ]
@@ -341,15 +415,16 @@ def _loop_vector_step(
         if narrow and any(o.indexing in BROADCAST for o in k.inputs)
         else []
     )
-    t = "np.uint8" if k.dtype == "bool" else NUMBA_TYPE[k.dtype]
 
     def step(ind2: str, reads: list[str]) -> list[str]:
         lines, results = list(reads), []
         for u in range(lanes):
-            w = BodyWriter(lambda i, u=u: f"in{i}_v{u}", lambda i: k.inputs[i].dtype, f"u{u}")
+            w = BodyWriter(
+                lambda i, u=u: f"in{i}_v{u}", lambda i: compute_dtype(k.inputs[i].dtype), f"u{u}"
+            )
             res, _ = w.emit(k.body)
             lines += [ind2 + ln for ln in w.lines]
-            results.append(f"{t}({res})")
+            results.append(store_expr(k.dtype, res))
         return [*lines, f"{ind2}vstore{lanes}(out, j, {', '.join(results)})"]
 
     groups = _run_groups(k)
@@ -394,7 +469,7 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tup
         lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
         lines += _loop_vector_step(k, lanes, rank, dnames, ind, narrow)
         lines += [f"{ind}i += step", f"    i = nv * {lanes} + cuda.grid(1)"]
-    body = BodyWriter(lambda i: f"in{i}_v", lambda i: k.inputs[i].dtype)
+    body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
     result, _ = body.emit(k.body)
     lines.append("    while i < n:")
     lines += reads + [ind + ln for ln in body.lines]
@@ -945,9 +1020,13 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_digest(k, lanes, narrow)}"
-    bad = [d for d in [k.dtype, *(o.dtype for o in k.inputs)] if d not in NUMBA_SCALAR]
+    dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
+    bad = [d for d in dtypes if d not in MEMORY_TYPE]
     if bad:
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
+    if any(d in HALVES for d in dtypes) and k.kind != "loop":
+        raise KernelError(f"half-precision {k.kind} kernels are not built (loops only)")
+    halves = any(d in HALVES for d in dtypes) or _casts_to_half(k)
     if k.kind == "loop":
         body, params = loop_source(k, fn, lanes, narrow)
         style = "loop"
@@ -968,12 +1047,12 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
             else ""
         )
         + helpers('@cuda.jit(device=True, inline="always")')
+        + _half_head(halves)
         + "\n\n"
         + body
         + "\n"
     )
-    ptr = {**NUMBA_SCALAR, "bool": "uint8"}  # bools are bytes in memory
-    ptypes = [ptr[k.dtype], *(ptr[o.dtype] for o in k.inputs)]
+    ptypes = [MEMORY_TYPE[k.dtype], *(MEMORY_TYPE[o.dtype] for o in k.inputs)]
     threads = rows_threads(k, lanes) if style == "rows-block" else THREADS
     if lanes == 1:
         return Generated(fn, src, params, ptypes, style, threads=threads)
@@ -991,13 +1070,40 @@ def _digest(k: Kernel, *extra) -> str:
     ).hexdigest()[:12]
 
 
+def _casts_to_half(k: Kernel) -> bool:
+    """Whether any expression of ``k`` rounds a value to a half type (its helpers needed)."""
+
+    def walk(e) -> bool:
+        if not isinstance(e, tuple) or not e:
+            return False
+        if e[0] == "cast" and e[2] in HALVES:
+            return True
+        return any(walk(c) for c in e[1:] if isinstance(c, tuple))
+
+    exprs = [k.body, k.epilogue]
+    for st in k.stages:
+        exprs += [st.body, st.epilogue]
+    return any(walk(e) for e in exprs if e is not None)
+
+
+def _half_head(needed: bool) -> str:
+    if not needed:
+        return ""
+    return "\nfrom saturn.codegen.halfbits import bits_f32, f32_bits\n" + half_helpers(
+        '@cuda.jit(device=True, inline="always")'
+    )
+
+
 def generate_split(k: Kernel) -> tuple[Generated, Generated]:
     """The partial and fold kernels of a split reduction (``split_sources``)."""
     fn = f"split_{_digest(k)}"
     part, pparams, fold, fparams = split_sources(k, fn)
     head = (
         "# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
-        "from numba import cuda\n" + helpers('@cuda.jit(device=True, inline="always")') + "\n\n"
+        "from numba import cuda\n"
+        + helpers('@cuda.jit(device=True, inline="always")')
+        + _half_head(_casts_to_half(k))
+        + "\n\n"
     )
     ptr = {**NUMBA_SCALAR, "bool": "uint8"}
     acc = ptr[_acc_dtype(k)]

@@ -49,6 +49,8 @@ def helpers(decorator: str) -> str:
 
 def literal(value: float, dtype: str) -> str:
     """A constant in ``dtype``: never a bare Python float in a float32 kernel."""
+    if dtype in ("f16", "bf16"):  # half values are held in float32 inside kernels
+        dtype = "f32"
     t = NUMBA_TYPE[dtype]
     if dtype == "bool":
         return f"{t}({bool(value)})"
@@ -95,6 +97,9 @@ class BodyWriter:
         if e[0] == "cast":
             v, _ = self.emit(e[1])
             name = self.fresh("cast")
+            if e[2] in ("f16", "bf16"):  # held in float32, rounded to the half type
+                self.lines.append(f"{name} = {e[2]}_round({v})")
+                return name, "f32"
             self.lines.append(f"{name} = {NUMBA_TYPE[e[2]]}({v})")
             return name, e[2]
         row = ot.op({o.name.lower(): o.name for o in ot.elementwise()}[e[0]])

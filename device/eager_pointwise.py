@@ -37,9 +37,28 @@ _lib = torch.library.Library("aten", "IMPL")
 
 ENABLED = True  # False: every op takes the counted CPU path (for comparisons)
 
-_DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.int32: "i32", torch.int64: "i64"}
-_FLOATS = ("f32", "f64")
-_INTS_TOO = ("f32", "f64", "i32", "i64")
+_DTYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+_FLOATS = ("f32", "f64", "f16", "bf16")
+_INTS_TOO = (*_FLOATS, "i32", "i64")
+# What a kernel computes a dtype's values in, and so what a number operand is held in:
+# half types in float32, as PyTorch's GPU kernels do (their "opmath" type), so ``alpha``
+# or a Python scalar is not rounded to the half type first.
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+# Every dtype a copy kernel converts between (complex and the rest: staged through host).
+_COPY_DTYPES = {
+    **_DTYPES,
+    torch.bool: "bool",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int16: "i16",
+}
 
 In = tuple  # ("in", i): the i-th operand of the kernel
 
@@ -188,8 +207,9 @@ def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> tor
     if plan is None:
         raise DeclinedError
     operands = list(args)
+    opmath = _OPMATH.get(plan.dtype, plan.dtype)
     for i in plan.numbers:
-        operands[i] = _scalar(_number(args[i], _DTYPES[plan.dtype]), plan.dtype, plan.device)
+        operands[i] = _scalar(_number(args[i], _DTYPES[plan.dtype]), opmath, plan.device)
     if inplace:
         out = args[0]
     elif plan.out_strides is not None:
@@ -253,7 +273,7 @@ def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _
         else:
             _number(a, code)  # declines a kind that would promote
             numbers.append(i)
-            operands.append(torch.empty((), dtype=dtype, device="meta"))
+            operands.append(torch.empty((), dtype=_OPMATH.get(dtype, dtype), device="meta"))
     out_strides = None
     if inplace:
         out = args[0]
@@ -285,10 +305,11 @@ def _output_strides(operands: list[torch.Tensor], shape) -> tuple[int, ...] | No
 
 
 def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
-    """How the kernel reads its operands: (kernel operands, their shapes and strides as
-    launched, the iteration domain, whether ``out`` is written directly). Operands sharing
-    ``out``'s dense layout are read as one flat range ("same": vector accesses); anything
-    broadcast or laid out differently through strides, into a packed output."""
+    """How the kernel reads its operands: (kernel operands, each with its own dtype, their
+    shapes and strides as launched, the iteration domain, whether ``out`` is written
+    directly). Operands sharing ``out``'s dense layout are read as one flat range ("same":
+    vector accesses); anything broadcast or laid out differently through strides, into a
+    packed output. (``code`` is the result's dtype, which the operands' may differ from.)"""
     n = math.prod(shape)
     full = [t for t in operands if t.dim() > 0]
     flat = is_non_overlapping_and_dense(out) and all(
@@ -296,16 +317,17 @@ def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
     )
     ops, shapes, strides = [], [], []
     for i, t in enumerate(operands):
+        kind = _COPY_DTYPES[t.dtype]
         if t.dim() == 0:
-            ops.append(Operand(f"in{i}", code, (), "scalar"))
+            ops.append(Operand(f"in{i}", kind, (), "scalar"))
             shapes.append(())
             strides.append(())
         elif flat:
-            ops.append(Operand(f"in{i}", code, (n,), "same"))
+            ops.append(Operand(f"in{i}", kind, (n,), "same"))
             shapes.append((n,))
             strides.append((1,))
         else:
-            ops.append(Operand(f"in{i}", code, tuple(t.shape), "strided"))
+            ops.append(Operand(f"in{i}", kind, tuple(t.shape), "strided"))
             shapes.append(tuple(t.shape))
             strides.append(tuple(t.stride()))
     domain = (n,) if flat else tuple(shape)
@@ -389,7 +411,8 @@ def _lerp(a, end, weight):
     w = _number(weight, "f32")
     if abs(w) < 0.5:
         return ("add", _x(0), ("mul", _x(2), ("sub", _x(1), _x(0)))), [a, end, w]
-    one_minus = float(np.float32(1.0) - np.float32(w)) if a.dtype == torch.float32 else 1.0 - w
+    # 1 - w in the kernel's compute dtype (float32 for float32 and the half types)
+    one_minus = 1.0 - w if a.dtype == torch.float64 else float(np.float32(1.0) - np.float32(w))
     return ("sub", _x(1), ("mul", ("sub", _x(1), _x(0)), _x(2))), [a, end, one_minus]
 
 
@@ -427,3 +450,70 @@ for _name, _node in (("addcmul", "mul"), ("addcdiv", "div")):
 
 _register("lerp.Scalar", _lerp, _FLOATS, False)
 _register("lerp_.Scalar", _lerp, _FLOATS, True)
+
+
+# --- copies between dtypes and layouts on one GPU ----------------------------------------
+
+_COPY_PLANS: dict[tuple, tuple | None] = {}  # signature -> (kernel, shapes, strides) | None
+DEVICE_COPIES = 0  # copies device_copy ran (a kernel, no trip through the host)
+
+
+def device_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """``dst.copy_(src)`` on one GPU without the host (``src`` already has ``dst``'s shape):
+    a dtype conversion as one loop kernel, read flat where both share one dense layout and
+    through ``src``'s strides into a packed ``dst`` otherwise; a same-dtype gather into a
+    packed ``dst`` as the strided byte copy. Conversions are C++'s (PyTorch's): floats to
+    integers truncate, to bool test for nonzero (NaN is true), to a half type round to
+    nearest even. False where it does not apply: a strided destination, overlapping
+    operands, a dtype without a kernel (the caller stages through the host)."""
+    if not ENABLED or src.dtype not in _COPY_DTYPES or dst.dtype not in _COPY_DTYPES:
+        return False
+    if dst.numel() == 0 or _overlaps(src, dst):
+        return False
+    if src.dtype == dst.dtype:
+        if not dst.is_contiguous() or dst.dim() > 8:
+            return False
+        from .eager_kernels import strided_copy
+
+        strided_copy(src, dst)  # bytes moved as they are (NaN payloads kept)
+        _counted()
+        return True
+    key = (src.dtype, dst.dtype, src.shape, src.stride(), dst.stride(), dst.device)
+    with _LOCK:
+        plan = _COPY_PLANS.get(key, False)
+    if plan is False:
+        plan = _copy_plan(src, dst)
+        with _LOCK:
+            if len(_COPY_PLANS) >= _CACHE_LIMIT:
+                _COPY_PLANS.clear()
+            _COPY_PLANS[key] = plan
+    if plan is None:
+        return False
+    kernel, shapes, strides = plan
+    index = dst.device.index
+    with torch.saturn.device(index):
+        stream = torch.saturn.stream_handle(index)
+        kernel.launch(stream, dst.data_ptr(), [src.data_ptr()], shapes, strides)
+    _counted()
+    return True
+
+
+def _counted() -> None:
+    global DEVICE_COPIES
+    with _LOCK:
+        DEVICE_COPIES += 1
+
+
+def _copy_plan(src: torch.Tensor, dst: torch.Tensor) -> tuple | None:
+    flat = is_non_overlapping_and_dense(dst) and src.stride() == dst.stride()
+    if not flat and not dst.is_contiguous():
+        return None  # a strided destination: staged
+    code = _COPY_DTYPES[dst.dtype]
+    ops, shapes, strides, domain, _ = layout(code, [src], tuple(dst.shape), dst)
+    with torch.saturn.device(dst.device.index):
+        k = _kernel(("cast", _x(0), code), code, ops, domain)
+    return k, shapes, strides
+
+
+_rt_lib = torch.library.Library("saturn_rt", "IMPL")  # kept: a dropped Library unregisters
+_rt_lib.impl("device_copy", device_copy, "PrivateUse1")

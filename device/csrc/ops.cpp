@@ -6,6 +6,7 @@
 #include "storage.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/from_blob.h>
@@ -56,6 +57,17 @@ void stage_up(const at::Tensor& staged, const at::Tensor& t) {
              span_elements(t) * t.element_size());
 }
 
+// A same-GPU copy that converts dtype, or gathers a strided source into a packed
+// destination, runs saturn's kernels: the op saturn_rt::device_copy, implemented in Python
+// (device/eager_pointwise.py). It returns false for what it does not take.
+bool device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  static const auto handle =
+      c10::Dispatcher::singleton().findOp(c10::OperatorName("saturn_rt::device_copy", ""));
+  if (!handle || !handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return false;
+  static const auto op = handle->typed<bool(const at::Tensor&, const at::Tensor&)>();
+  return op.call(src, dst);
+}
+
 }  // namespace
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -82,8 +94,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                                            c10::dtype_or_default(dtype));
 }
 
-// One transfer when both sides are dense with the same layout and dtype; otherwise
-// staged through host memory, where the CPU copy converts dtype and layout.
+// One transfer when both sides are dense with the same layout and dtype; a kernel on one
+// GPU where device_copy takes it; otherwise staged through host memory, where the CPU copy
+// converts dtype and layout.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) src = src.expand(dst.sizes());  // raises on a mismatch
@@ -98,6 +111,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
                dst.numel() * dst.element_size());
     return dst;
   }
+  if (on_gpu(src) && src.device() == dst.device() && device_copy(src, dst)) return dst;
   const at::Tensor src_host = on_gpu(src) ? stage_down(src, true) : host_alias(src);
   if (!on_gpu(dst)) {
     host_alias(dst).copy_(src_host);

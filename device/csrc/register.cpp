@@ -133,6 +133,8 @@ TORCH_LIBRARY(saturn_rt, m) {
     g.set_state(state);
   });
   m.def("fallback_counts() -> (str[], int[])", &fallback_snapshot);
+  // implemented in Python (device/eager_pointwise.py); copy_from calls it
+  m.def("device_copy(Tensor src, Tensor(a!) dst) -> bool");
   m.def("swap_storage_data(Tensor a, Tensor b) -> ()",
         [](const at::Tensor& a, const at::Tensor& b) {
           swap_storage_data(a.storage().unsafeGetStorageImpl(),

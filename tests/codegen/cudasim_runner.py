@@ -260,8 +260,171 @@ def run_copies() -> int:
     return failures
 
 
+def _half_inputs(dtype: str, n: int, rng) -> np.ndarray:
+    """float32 values for a half-precision case: ordinary ones, exact ties of bfloat16's
+    rounding (1 + 2^-8: down to even; 1 + 3 * 2^-8: up to even), values past each type's
+    largest finite one, subnormals, both zeros, infinities and NaN."""
+    specials = [
+        1 + 2**-8,
+        1 + 3 * 2**-8,
+        -(1 + 2**-8),
+        3.4e38,
+        -3.4e38,
+        70000.0,
+        1e-40,
+        2**-25,
+        -0.0,
+        0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+    ]
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    x[: len(specials)] = np.array(specials, dtype=np.float32)
+    return x
+
+
+def run_halves() -> int:
+    """Loops that keep float16 and bfloat16 in memory (``Kernel``s as the eager path builds
+    them): conversions both ways, arithmetic in float32 with one rounding at the store, a
+    strided half source. PyTorch's own conversions are the reference, compared bit for bit
+    (NaN as NaN)."""
+    import warnings
+
+    import torch
+
+    from saturn.eqsat.program import Kernel, Operand
+
+    # float16 rounding to infinity warns in numpy (each simulated thread: errstate is local)
+    warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
+
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    rng = np.random.default_rng(1)
+    failures = 0
+
+    def to_memory(x: torch.Tensor, dtype: str) -> np.ndarray:
+        t = x.to(torch_dtype[dtype]).contiguous()
+        if dtype == "bf16":
+            return t.view(torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+
+    def from_memory(a: np.ndarray, dtype: str) -> torch.Tensor:
+        if dtype == "bf16":
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(a.copy())
+
+    def launch(k: Kernel, arrays: list[np.ndarray], shapes, strides, lanes=None) -> np.ndarray:
+        g = cg.generate(k, lanes=lanes)
+        fn = cuda.jit(cg.python_function(g))
+        sizes = cg.size_args(g, k, shapes, strides)
+        blocks, threads = cg.grid_for(g, sizes, sm_count=0.125)
+        n = math.prod(k.domain)
+        out = np.zeros(n, dtype=np.uint16 if k.dtype == "bf16" else ev.np_dtype(k.dtype))
+        flat = [a.reshape(-1) for a in arrays]  # the kernel indexes memory from the first element
+        fn[blocks, threads](out, *flat, *[sizes[p] for p in g.params.ints])
+        return out
+
+    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        nonlocal failures
+        same = torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(
+            got[~torch.isnan(got)], want[~torch.isnan(want)]
+        )
+        if got.dtype.is_floating_point:  # zeros' signs too
+            keep = ~torch.isnan(want)
+            same = same and torch.equal(torch.signbit(got[keep]), torch.signbit(want[keep]))
+        print(f"{'ok' if same else 'FAIL'} half {name}")
+        failures += not same
+
+    n = 302  # 75 vector steps of 4 and a tail of 2
+    x32 = torch.from_numpy(_half_inputs("bf16", n, rng))
+    for src, dst in (
+        ("f32", "bf16"),
+        ("f32", "f16"),
+        ("bf16", "f32"),
+        ("f16", "f32"),
+        ("bf16", "f16"),
+        ("f16", "bf16"),
+    ):
+        x = x32.to(torch_dtype[src])
+        k = Kernel(
+            "loop",
+            "out",
+            dst,
+            (n,),
+            [Operand("in0", src, (n,), "same")],
+            body=("in", 0),
+            domain=(n,),
+        )
+        for lanes in (None, 1):  # vector accesses (as launched when aligned), and scalar
+            got = from_memory(launch(k, [to_memory(x, src)], [(n,)], [(1,)], lanes), dst)
+            how = " scalar" if lanes else ""
+            check(f"{src} -> {dst}{how}", got, x.to(torch_dtype[dst]))
+    for dtype in ("bf16", "f16"):
+        # a + s * b with a float32 number: computed in float32, rounded once (PyTorch's
+        # GPU kernels' opmath)
+        a, b = x32.to(torch_dtype[dtype]), x32.flip(0).to(torch_dtype[dtype])
+        s = np.float32(-0.3)
+        k = Kernel(
+            "loop",
+            "out",
+            dtype,
+            (n,),
+            [
+                Operand("in0", dtype, (n,), "same"),
+                Operand("in1", dtype, (n,), "same"),
+                Operand("in2", "f32", (), "scalar"),
+            ],
+            body=("add", ("in", 0), ("mul", ("in", 2), ("in", 1))),
+            domain=(n,),
+        )
+        arrays = [to_memory(a, dtype), to_memory(b, dtype), np.array([s], np.float32)]
+        got = from_memory(launch(k, arrays, [(n,), (n,), ()], [(1,), (1,), ()]), dtype)
+        want = (a.float() + torch.tensor(s) * b.float()).to(torch_dtype[dtype])
+        check(f"{dtype} a + s * b", got, want)
+        # a transposed half source into a packed float32 result, through a cast to bool
+        m = torch.from_numpy(_half_inputs(dtype, 48, rng)).to(torch_dtype[dtype])
+        base = m.reshape(6, 8)
+        view = base.t()  # (8, 6), strides (1, 8)
+        k = Kernel(
+            "loop",
+            "out",
+            "f32",
+            (8, 6),
+            [Operand("in0", dtype, (8, 6), "strided")],
+            body=("in", 0),
+            domain=(8, 6),
+        )
+        got = from_memory(launch(k, [to_memory(base, dtype)], [(8, 6)], [(1, 8)], 1), "f32")
+        check(f"{dtype} transposed -> f32", got.reshape(8, 6), view.float())
+        k = Kernel(
+            "loop",
+            "out",
+            "bool",
+            (48,),
+            [Operand("in0", dtype, (48,), "same")],
+            body=("cast", ("in", 0), "bool"),
+            domain=(48,),
+        )
+        got = torch.from_numpy(launch(k, [to_memory(m, dtype)], [(48,)], [(1,)]).astype(bool))
+        check(f"{dtype} -> bool", got, m.to(torch.bool))
+        # a cast to the half type inside a float32 body rounds there (then exp of it)
+        k = Kernel(
+            "loop",
+            "out",
+            "f32",
+            (n,),
+            [Operand("in0", "f32", (n,), "same")],
+            body=("mul", ("cast", ("in", 0), dtype), ("const", 4611686018427387904, "f32")),
+            domain=(n,),
+        )
+        got = from_memory(launch(k, [x32.numpy()], [(n,)], [(1,)]), "f32")
+        check(f"cast to {dtype} in a body", got, x32.to(torch_dtype[dtype]).float() * 2.0)
+    return failures
+
+
 def main() -> int:
-    failures = run_copies()
+    failures = run_halves()
+    failures += run_copies()
     failures += run_all(GRAPHS)
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches
     # get): runs that vector steps cross (5) and do not (12), bool runs, a wrapping bias

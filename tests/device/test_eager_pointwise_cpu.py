@@ -92,11 +92,12 @@ class HostKernel:
         self.body, self.code, self.ops, self.domain = body, code, ops, tuple(domain)
         self.launches = 0
 
-    def view(self, ptr: int, shape, strides):
-        itemsize = np.dtype(NUMPY[self.code]).itemsize
+    def view(self, ptr: int, shape, strides, code: str | None = None):
+        dtype = NUMPY[code or self.code]
+        itemsize = np.dtype(dtype).itemsize
         extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         raw = (ctypes.c_byte * (extent * itemsize)).from_address(ptr)
-        base = np.frombuffer(raw, dtype=NUMPY[self.code])
+        base = np.frombuffer(raw, dtype=dtype)
         return np.lib.stride_tricks.as_strided(
             base, shape, [s * itemsize for s in strides], writeable=True
         )
@@ -105,7 +106,10 @@ class HostKernel:
         from saturn.eqsat.evaluate import eval_expr
 
         self.launches += 1
-        arrays = [self.view(p, sh, st) for p, sh, st in zip(in_ptrs, shapes, strides, strict=True)]
+        arrays = [
+            self.view(p, sh, st, o.dtype)
+            for p, sh, st, o in zip(in_ptrs, shapes, strides, self.ops, strict=True)
+        ]
         value = np.broadcast_to(eval_expr(self.body, arrays), self.domain)
         packed = [1] * len(self.domain)
         for d in range(len(self.domain) - 2, -1, -1):
@@ -228,3 +232,52 @@ def test_a_cpu_tensor_mixed_in_raises_pytorchs_device_error():
         a.add_(torch.ones(3))
     assert saturn.fallback_counts() == before
     assert torch.equal(a.cpu(), torch.arange(3.0)), "nothing written"
+
+
+# --- copies between dtypes (saturn_rt::device_copy), the kernel on host memory -------------
+
+
+@pytest.fixture
+def host_copy(host_gpu, monkeypatch):
+    monkeypatch.setattr(ep, "_COPY_PLANS", {})
+    return host_gpu
+
+
+@pytest.mark.parametrize(
+    "layout, indexing",
+    [
+        ("packed", "same"),  # one dense layout on both sides: read flat
+        ("transposed", "strided"),  # into a packed destination
+        ("broadcast", "strided"),
+    ],
+)
+@pytest.mark.parametrize("dtypes", [("f32", "f64"), ("f64", "i32"), ("i64", "f32")])
+def test_a_conversion_is_one_kernel(host_copy, layout, indexing, dtypes):
+    torch_dtype = {
+        "f32": torch.float32,
+        "f64": torch.float64,
+        "i32": torch.int32,
+        "i64": torch.int64,
+    }
+    base = (torch.randn(7, 5) * 40).to(torch_dtype[dtypes[0]])
+    x = {"packed": base, "transposed": base.t(), "broadcast": base[:1].expand(7, 5)}[layout]
+    # .to keeps a dense layout (the transposed one); the broadcast is made on the device
+    xd = base[:1].to(DEV).expand(7, 5) if layout == "broadcast" else x.to(DEV)
+    assert xd.stride() == x.stride()
+    dst = torch.empty(x.shape, dtype=torch_dtype[dtypes[1]], device=DEV)
+    assert ep.device_copy(xd, dst), "taken"
+    (k,) = host_copy
+    assert k.code == dtypes[1] and [o.indexing for o in k.ops] == [indexing]
+    assert k.body == ("cast", ("in", 0), dtypes[1]) and k.launches == 1
+    assert torch.equal(dst.cpu(), x.to(torch_dtype[dtypes[1]]))
+
+
+def test_what_a_copy_kernel_does_not_take(host_copy):
+    """A strided destination, operands sharing memory and complex numbers are staged."""
+    x = torch.randn(6, 8, device=DEV)
+    wide = torch.empty(6, 16, dtype=torch.float64, device=DEV)
+    assert not ep.device_copy(x, wide[:, ::2])  # strided destination
+    assert not ep.device_copy(x.view(torch.int32)[:, :4], x[:, 4:].view(torch.int32))
+    z = torch.empty(6, 8, dtype=torch.complex64, device=DEV)
+    assert not ep.device_copy(x, z)
+    assert not host_copy, "no kernel was built"
