@@ -131,8 +131,18 @@ def _devices_of(example_inputs) -> set[str]:
     return {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
 
 
+def _target(opts: Options, example_inputs) -> torch.device:
+    """The device a graph compiles for: the option's when given, else the one saturn
+    device all its saturn inputs are on, else the default (saturn:1 with a GPU)."""
+    devs = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    saturn_devs = {d for d in devs if d.type == "saturn"}
+    if not opts.device_given and len(saturn_devs) == 1:
+        return next(iter(saturn_devs))
+    return torch.device(opts.device)
+
+
 def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> CompiledGraph:
-    device = torch.device(opts.device)
+    device = _target(opts, example_inputs)
     imported = import_graph(gm, replacements=device.index >= 1)
     kinds = _devices_of(example_inputs)
     # CPU scalars beside saturn tensors (an optimizer's step counters) are copied in per call

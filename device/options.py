@@ -13,6 +13,9 @@ from saturn.eqsat.rules import OPT_IN_RULESETS
 @dataclass(frozen=True)
 class Options:
     device: str = ""  # saturn:1 when a GPU exists, else saturn:0
+    # device given by the user; otherwise a graph whose inputs are all on one saturn device
+    # compiles for that device (saturn:0 tensors on a machine with a GPU stay on saturn:0)
+    device_given: bool = False
     rules: tuple[str, ...] = ()  # extra .egg files or folders
     rewrites: tuple[str, ...] = ()  # opt-in rulesets, e.g. ("patterns",)
     iterations: int = Bounds.iterations
@@ -36,6 +39,7 @@ class Options:
     def key(self) -> tuple:
         return (
             self.device,
+            self.device_given,
             self.rules,
             self.rewrites,
             self.iterations,
@@ -47,7 +51,7 @@ class Options:
         )
 
 
-VALID = tuple(f.name for f in fields(Options) if f.name != "extra")
+VALID = tuple(f.name for f in fields(Options) if f.name not in ("extra", "device_given"))
 
 
 def default_device() -> str:
@@ -78,6 +82,7 @@ def parse(options: dict | None) -> Options:
         raise ValueError("saturn: options tf32 and tf32x3 exclude each other; choose one")
     return Options(
         device=f"saturn:{d.index if d.index is not None else torch.saturn.current_device()}",
+        device_given=bool(options.get("device")),
         rules=rules,
         rewrites=rewrites,
         iterations=int(options.get("iterations", Bounds.iterations)),

@@ -38,6 +38,33 @@ def test_precision_options_exclude_each_other():
         parse({"device": DEV, "tf32x3": "yes"})
 
 
+def test_the_compile_target_follows_the_inputs_unless_given():
+    """Without the ``device`` option a graph compiles for the saturn device its inputs are
+    on (so saturn:0 tensors on a machine with a GPU are compiled for saturn:0, not refused
+    for not being on saturn:1); a given device is kept, and a mismatch is the logged
+    reason the graph runs uncompiled."""
+    from saturn.options import Options
+
+    x = torch.ones(2).to(DEV)
+    default_gpu = Options(device="saturn:1")
+    assert backend._target(default_gpu, [x, torch.tensor(1.0)]) == torch.device(DEV)
+    given = Options(device="saturn:1", device_given=True)
+    assert backend._target(given, [x]) == torch.device("saturn:1")
+    assert backend._target(default_gpu, [torch.ones(2)]) == torch.device("saturn:1")
+
+
+@pytest.mark.gpu
+def test_a_saturn0_graph_compiles_for_saturn0_on_a_gpu_machine():
+    torch._dynamo.reset()
+    before = len(backend.CACHE.fallbacks)
+    fn = torch.compile(lambda x: torch.relu(x) * 2, backend="saturn")
+    x = torch.randn(8)
+    assert torch.equal(fn(x.to(DEV)).cpu(), torch.relu(x) * 2)
+    assert backend.CACHE.fallbacks[before:] == [], "ran uncompiled"
+    g = next(reversed(backend.CACHE.items.values()))
+    assert g.recipe.device == torch.device(DEV)
+
+
 def test_same_graph_from_two_call_sites_compiles_once_and_survives_reset():
     torch._dynamo.reset()
     backend.CACHE.clear()
