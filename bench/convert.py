@@ -12,10 +12,8 @@ the same process (no autograd is involved).
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
+from timing import median_us  # bench/timing.py (this script's folder)
 
 import saturn
 from saturn import eager_pointwise as ep
@@ -26,16 +24,7 @@ REPEATS = 20
 
 
 def timed(fn, sync, repeats: int = REPEATS) -> float:
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return median_us(fn, sync, repeats)
 
 
 def cases(device: str, n: int) -> dict:

@@ -11,10 +11,9 @@ process; the fallback with fewer repeats.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import torch
+from timing import median_us  # bench/timing.py (this script's folder)
 
 import saturn  # noqa: F401
 from saturn import eager_matmul as em
@@ -25,16 +24,7 @@ REPEATS = 20
 
 
 def timed(fn, sync, repeats: int = REPEATS) -> float:
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return median_us(fn, sync, repeats)
 
 
 if __name__ == "__main__":

@@ -274,18 +274,7 @@ def _store(k: Kernel, index: str, value: str) -> str:
     return f"out[{index}] = {store_expr(k.dtype, value)}"
 
 
-MEMORY_SIZE = {
-    "bool": 1,
-    "u8": 1,
-    "i8": 1,
-    "i16": 2,
-    "i32": 4,
-    "i64": 8,
-    "f16": 2,
-    "bf16": 2,
-    "f32": 4,
-    "f64": 8,
-}
+MEMORY_SIZE = ot.ITEMSIZE  # bytes per element in memory (bools: one byte)
 VECTOR = True  # packed loops use vector loads and stores (bench/kernels.py turns it off)
 
 

@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from .eager_pointwise import DeclinedError, _cpu, _gpu
+from .eager_pointwise import DeclinedError, _cpu, _gpu, cached
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -51,13 +51,11 @@ def _layout(t: torch.Tensor):
 def _plan(key: tuple, operands: list[torch.Tensor], out: torch.Tensor, epilogue: str):
     from saturn.codegen.gemm import GemmError, GemmPlan
 
-    with _LOCK:
-        plan = _PLANS.get(key, False)
-    if plan is False:
+    def make():
         a, b, *bias = operands
         ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr(), *(t.data_ptr() for t in bias))
         try:
-            plan = GemmPlan(
+            return GemmPlan(
                 _layout(a),
                 _layout(b),
                 _layout(out),
@@ -68,12 +66,9 @@ def _plan(key: tuple, operands: list[torch.Tensor], out: torch.Tensor, epilogue:
                 gelu="fused",
             )
         except GemmError:
-            plan = None
-        with _LOCK:
-            if len(_PLANS) >= _CACHE_LIMIT:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return plan
+            return None
+
+    return cached(_PLANS, key, make, _CACHE_LIMIT)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None):

@@ -86,21 +86,32 @@ _LOCK = threading.Lock()
 _KERNELS: dict[tuple, cg.CudaKernel] = {}
 _SCALARS: dict[tuple, torch.Tensor] = {}
 _CACHE_LIMIT = 4096
+_MISSING = object()
+
+
+def cached(cache: dict, key, make: Callable, limit: int = _CACHE_LIMIT):
+    """``cache[key]``, made by ``make()`` on a miss (outside the lock: building a kernel or a
+    library plan takes long; two threads may both build, one result is kept); a full cache
+    is emptied first."""
+    with _LOCK:
+        value = cache.get(key, _MISSING)
+    if value is _MISSING:
+        value = make()
+        with _LOCK:
+            if len(cache) >= limit:
+                cache.clear()
+            cache[key] = value
+    return value
 
 
 def _kernel(body: tuple, dtype: str, operands: list[Operand], domain: tuple) -> cg.CudaKernel:
-    key = (body, dtype, tuple((o.dtype, o.shape, o.indexing) for o in operands), domain)
-    with _LOCK:
-        k = _KERNELS.get(key)
-    if k is None:
+    def make():
         kern = Kernel("loop", "out", dtype, domain, operands, body=body, domain=domain)
         index = torch.saturn.current_device()
-        k = cg.CudaKernel(kern, torch.saturn.get_device_capability(index))
-        with _LOCK:
-            if len(_KERNELS) >= _CACHE_LIMIT:
-                _KERNELS.clear()
-            _KERNELS[key] = k
-    return k
+        return cg.CudaKernel(kern, torch.saturn.get_device_capability(index))
+
+    key = (body, dtype, tuple((o.dtype, o.shape, o.indexing) for o in operands), domain)
+    return cached(_KERNELS, key, make)
 
 
 def _scalar(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -109,15 +120,8 @@ def _scalar(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     # the sign keeps -0.0 and 0.0 apart; every NaN converts to the same value's class
     sign = math.copysign(1.0, value) if isinstance(value, float) else 0.0
     key = (device, dtype, "nan" if value != value else value, sign)
-    with _LOCK:
-        t = _SCALARS.get(key)
-    if t is None:  # PyTorch's conversion (an out-of-range value raises as fill_ does)
-        t = torch.full((), value, dtype=dtype, device=device)
-        with _LOCK:
-            if len(_SCALARS) >= _CACHE_LIMIT:
-                _SCALARS.clear()
-            _SCALARS[key] = t
-    return t
+    # PyTorch's conversion (an out-of-range value raises as fill_ does)
+    return cached(_SCALARS, key, lambda: torch.full((), value, dtype=dtype, device=device))
 
 
 # --- argument checks --------------------------------------------------------------------
@@ -192,18 +196,14 @@ def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> tor
             sig.append((a.device, a.dtype, a.shape, a.stride()))
     if inplace:  # pointer-dependent, and PyTorch checks overlap before shapes
         _check_overlap(args)
-    key = tuple(sig)
-    with _LOCK:
-        plan = _PLANS.get(key, False)
-    if plan is False:
+
+    def make() -> _Plan | None:
         try:
-            plan = _plan(body, args, allowed, inplace)
+            return _plan(body, args, allowed, inplace)
         except DeclinedError:
-            plan = None
-        with _LOCK:
-            if len(_PLANS) >= _CACHE_LIMIT:
-                _PLANS.clear()
-            _PLANS[key] = plan
+            return None
+
+    plan = cached(_PLANS, tuple(sig), make)
     if plan is None:
         raise DeclinedError
     operands = list(args)
@@ -479,14 +479,7 @@ def device_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
         _counted()
         return True
     key = (src.dtype, dst.dtype, src.shape, src.stride(), dst.stride(), dst.device)
-    with _LOCK:
-        plan = _COPY_PLANS.get(key, False)
-    if plan is False:
-        plan = _copy_plan(src, dst)
-        with _LOCK:
-            if len(_COPY_PLANS) >= _CACHE_LIMIT:
-                _COPY_PLANS.clear()
-            _COPY_PLANS[key] = plan
+    plan = cached(_COPY_PLANS, key, lambda: _copy_plan(src, dst))
     if plan is None:
         return False
     kernel, shapes, strides = plan

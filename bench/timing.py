@@ -1,0 +1,20 @@
+"""Wall-clock timing shared by the eager benchmarks: a call plus a device synchronize."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def median_us(fn, sync, repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn(); sync()`` over ``repeats`` calls after ``warmup``, in us."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
