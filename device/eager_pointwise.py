@@ -172,21 +172,32 @@ class _Plan:
     strides: list
     direct: bool  # the kernel writes the result itself (else a packed one, then a copy)
     numbers: tuple[int, ...]  # argument positions read as numbers
-    dtype: torch.dtype
+    dtype: torch.dtype  # the operands' (numbers are converted from it)
     device: torch.device
     stream: int
+    result: torch.dtype  # the result's: the operands' dtype, or bool for a comparison
 
 
 _PLANS: dict[tuple, _Plan | None] = {}  # None: the signature declines
 
 
-def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> torch.Tensor:
+def run(
+    body: tuple,
+    args: list,
+    allowed: tuple[str, ...],
+    inplace: bool,
+    result: torch.dtype | None = None,
+    conditions: tuple[int, ...] = (),
+) -> torch.Tensor:
     """Run ``body`` (leaves ("in", i) over ``args``: device tensors or numbers) as one loop
-    kernel; in place writes ``args[0]``. Raises DeclinedError for what the kernel does not
-    take. Everything but addresses and numbers' values is worked out once per signature."""
+    kernel; in place writes ``args[0]``. ``result``: the result's dtype when it is not the
+    operands' (bool for comparisons); ``conditions``: positions of bool tensors that select
+    (``where``'s condition, ``masked_fill``'s mask) beside operands of one other dtype.
+    Raises DeclinedError for what the kernel does not take. Everything but addresses and
+    numbers' values is worked out once per signature."""
     if not ENABLED:
         raise DeclinedError
-    sig: list = [body, inplace, allowed]
+    sig: list = [body, inplace, allowed, result, conditions]
     for a in args:
         if not isinstance(a, torch.Tensor):
             sig.append(type(a))
@@ -199,7 +210,7 @@ def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> tor
 
     def make() -> _Plan | None:
         try:
-            return _plan(body, args, allowed, inplace)
+            return _plan(body, args, allowed, inplace, result, conditions)
         except DeclinedError:
             return None
 
@@ -214,14 +225,14 @@ def run(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> tor
         out = args[0]
     elif plan.out_strides is not None:
         out = torch.empty_strided(
-            plan.shape, plan.out_strides, dtype=plan.dtype, device=plan.device
+            plan.shape, plan.out_strides, dtype=plan.result, device=plan.device
         )
     else:
-        out = torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+        out = torch.empty(plan.shape, dtype=plan.result, device=plan.device)
     if plan.kernel is None:
         return out
     # a strided in-place target with broadcast operands is written through a packed result
-    dst = out if plan.direct else torch.empty(plan.shape, dtype=plan.dtype, device=plan.device)
+    dst = out if plan.direct else torch.empty(plan.shape, dtype=plan.result, device=plan.device)
     with torch.saturn.device(plan.device.index):
         # a dense tensor's data pointer is its lowest address (PyTorch's strides are >= 0)
         ptrs = [t.data_ptr() for t in operands]
@@ -246,7 +257,14 @@ def _check_overlap(args: list) -> None:
             raise DeclinedError
 
 
-def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _Plan:
+def _plan(
+    body: tuple,
+    args: list,
+    allowed: tuple[str, ...],
+    inplace: bool,
+    result: torch.dtype | None = None,
+    conditions: tuple[int, ...] = (),
+) -> _Plan:
     tensors = [
         a
         for a in args
@@ -254,11 +272,20 @@ def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _
     ]
     if not tensors or not all(_gpu(t) for t in tensors):
         raise DeclinedError
-    device = tensors[0].device
-    dtype = tensors[0].dtype
-    code = _DTYPES.get(dtype)
-    if code not in allowed or any(t.device != device or t.dtype != dtype for t in tensors):
+    conds = [args[i] for i in conditions]
+    if any(not isinstance(c, torch.Tensor) or c.dtype != torch.bool for c in conds):
         raise DeclinedError
+    values = [t for t in tensors if not any(t is c for c in conds)]
+    if not values:
+        raise DeclinedError
+    device = values[0].device
+    dtype = values[0].dtype
+    code = _DTYPES.get(dtype)
+    if code not in allowed or any(t.device != device or t.dtype != dtype for t in values):
+        raise DeclinedError
+    if any(c.device != device for c in conds):
+        raise DeclinedError
+    result = result or dtype
     try:
         shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors if t.dim() > 0]))
     except RuntimeError:
@@ -282,12 +309,23 @@ def _plan(body: tuple, args: list, allowed: tuple[str, ...], inplace: bool) -> _
         out = torch.empty_strided(shape, out_strides or packed_strides(shape), device="meta")
     stream = torch.saturn.stream_handle(device.index)
     if math.prod(shape) == 0:
-        return _Plan(None, shape, out_strides, [], [], True, (), dtype, device, stream)
-    ops, shapes, strides, domain, direct = layout(code, operands, shape, out)
+        return _Plan(None, shape, out_strides, [], [], True, (), dtype, device, stream, result)
+    out_code = _COPY_DTYPES[result]
+    ops, shapes, strides, domain, direct = layout(out_code, operands, shape, out)
     with torch.saturn.device(device.index):
-        k = _kernel(body, code, ops, domain)
+        k = _kernel(body, out_code, ops, domain)
     return _Plan(
-        k, shape, out_strides, shapes, strides, direct, tuple(numbers), dtype, device, stream
+        k,
+        shape,
+        out_strides,
+        shapes,
+        strides,
+        direct,
+        tuple(numbers),
+        dtype,
+        device,
+        stream,
+        result,
     )
 
 
@@ -359,7 +397,14 @@ def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
     return res.to(device)  # where the op's saturn operand is (self may be a CPU number)
 
 
-def _register(name: str, build: Callable, allowed: tuple[str, ...], inplace: bool) -> None:
+def _register(
+    name: str,
+    build: Callable,
+    allowed: tuple[str, ...],
+    inplace: bool,
+    result: torch.dtype | None = None,
+    conditions: tuple[int, ...] = (),
+) -> None:
     """``build(*args, **kwargs)`` -> (body, kernel operands) for aten ``name``."""
     packet, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet), overload or "default")
@@ -367,7 +412,7 @@ def _register(name: str, build: Callable, allowed: tuple[str, ...], inplace: boo
     def kernel(*args, **kwargs):
         try:
             body, operands = build(*args, **kwargs)
-            return run(body, operands, allowed, inplace)
+            return run(body, operands, allowed, inplace, result, conditions)
         except DeclinedError:
             return _cpu(name, op, args, kwargs, inplace)
 
@@ -450,6 +495,26 @@ for _name, _node in (("addcmul", "mul"), ("addcdiv", "div")):
 
 _register("lerp.Scalar", _lerp, _FLOATS, False)
 _register("lerp_.Scalar", _lerp, _FLOATS, True)
+
+# comparisons: bool results; a number compares in the operands' compute dtype (float32 for
+# the half types), as PyTorch's GPU comparison kernels do
+for _name in ("gt", "lt", "ge", "le", "eq", "ne"):
+    for _overload in ("Tensor", "Scalar"):
+        _register(f"{_name}.{_overload}", _binary(_name), _INTS_TOO, False, torch.bool)
+
+
+def _where(cond, a, b):
+    return ("where", _x(0), _x(1), _x(2)), [cond, a, b]
+
+
+def _masked_fill(a, mask, value):
+    """``a`` where ``mask`` is false, ``value`` (converted to ``a``'s dtype at the store)
+    where it is true."""
+    return ("where", _x(1), _x(2), _x(0)), [a, mask, value]
+
+
+_register("where.self", _where, _INTS_TOO, False, conditions=(0,))
+_register("masked_fill_.Scalar", _masked_fill, _INTS_TOO, True, conditions=(1,))
 
 
 # --- copies between dtypes and layouts on one GPU ----------------------------------------

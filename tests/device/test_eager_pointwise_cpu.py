@@ -117,7 +117,7 @@ class HostKernel:
         self.view(out_ptr, self.domain, packed)[...] = value
 
 
-NUMPY = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64}
+NUMPY = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
 
 
 @pytest.fixture
@@ -281,3 +281,49 @@ def test_what_a_copy_kernel_does_not_take(host_copy):
     z = torch.empty(6, 8, dtype=torch.complex64, device=DEV)
     assert not ep.device_copy(x, z)
     assert not host_copy, "no kernel was built"
+
+
+SELECTS = {
+    "gt": lambda a, b, m: a > b,
+    "le number": lambda a, b, m: a <= 0.25,
+    "eq broadcast row": lambda a, b, m: a == b[0],
+    "ne self": lambda a, b, m: a != a,  # NaN only
+    "where": lambda a, b, m: torch.where(m, a, b),
+    "where broadcast": lambda a, b, m: torch.where(m[:, :1], a, b[0]),
+    "masked_fill_": lambda a, b, m: a.masked_fill_(m, -1e9),
+    "masked_fill_ row": lambda a, b, m: a.masked_fill_(m[0], float("-inf")),
+}
+
+
+@pytest.mark.parametrize("name", list(SELECTS))
+def test_comparisons_and_selections_on_host_memory(host_gpu, name):
+    torch.manual_seed(12)
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    a[0, 0], b[1, 1] = float("nan"), float("nan")
+    m = torch.rand(5, 7) < 0.5
+    want = SELECTS[name](a.clone(), b.clone(), m)
+    before = saturn.fallback_counts()
+    got = SELECTS[name](a.to(DEV), b.to(DEV), m.to(DEV))
+    assert saturn.fallback_counts() == before, "declined"
+    assert got.dtype == want.dtype and host_gpu and all(k.launches for k in host_gpu)
+    assert torch.equal(got.cpu(), want) or torch.allclose(got.cpu(), want, equal_nan=True)
+
+
+def test_selections_decline_what_promotes(host_gpu):
+    """A float number compared with an integer tensor, ``where`` over two dtypes, or a
+    condition that is not bool would promote or differ: the plan refuses them (PyTorch's
+    CPU kernel then runs); the same calls with matching dtypes are planned."""
+    i = torch.arange(6, dtype=torch.int32, device=DEV)
+    f = torch.randn(6, device=DEV)
+    m = torch.ones(6, dtype=torch.bool, device=DEV)
+    gt = ("gt", ("in", 0), ("in", 1))
+    where = ("where", ("in", 0), ("in", 1), ("in", 2))
+    for body, args, conds in (
+        (gt, [i, 0.5], ()),
+        (where, [m, i, f], (0,)),
+        (where, [f, f, f], (0,)),
+    ):
+        with pytest.raises(ep.DeclinedError):
+            ep._plan(body, args, ep._INTS_TOO, False, torch.bool if body is gt else None, conds)
+    assert ep._plan(gt, [i, 2], ep._INTS_TOO, False, torch.bool).result == torch.bool
+    assert ep._plan(where, [m, f, f], ep._INTS_TOO, False, None, (0,)).result == torch.float32
