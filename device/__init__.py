@@ -21,7 +21,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
 # registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs
-from . import eager_kernels, eager_matmul, eager_pointwise  # noqa: E402, F401
+from . import eager_kernels, eager_matmul, eager_pointwise, eager_reduce  # noqa: E402, F401
 from .custom_ops import custom_op  # noqa: E402
 from .explain import explain  # noqa: E402
 
