@@ -43,3 +43,19 @@ def pytest_collection_modifyitems(config, items):
             reason = reason if reason is not None else (_gpu_skip_reason() or "")
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Every test draws the same random inputs whatever ran before it: PyTorch's and
+    numpy's global generators are seeded from the test's id (tests that seed themselves
+    are unaffected). Unseeded draws once depended on how much randomness earlier tests
+    consumed, and a tolerance met by most draws failed on one."""
+    import zlib
+
+    import numpy as np
+    import torch
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    np.random.seed(seed)
