@@ -35,8 +35,11 @@ def strided_copy(src: torch.Tensor, out: torch.Tensor) -> None:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """The addresses [lo, hi) a non-empty tensor's elements lie in (PyTorch's strides are
     non-negative, so its data pointer is the lowest)."""
+    ptr = t.data_ptr()
+    if t.is_contiguous():  # the common case, without a loop over the axes in Python
+        return ptr, ptr + t.numel() * t.element_size()
     extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+    return ptr, ptr + extent * t.element_size()
 
 
 def is_non_overlapping_and_dense(x: torch.Tensor) -> bool:
