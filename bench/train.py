@@ -17,12 +17,11 @@ are checked against eager CPU's on the first step.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
+from timing import median_us  # bench/timing.py (this script's folder)
 
 SIZES = ((8, 128, 512), (32, 512, 1024))  # batch, length, width
 HEADS = 8
@@ -61,16 +60,7 @@ def step_us(loss, x, g, sync) -> float:
             p.grad = None
         loss(x, g).backward()
 
-    for _ in range(5):
-        step()
-    sync()
-    ts = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
+    return median_us(step, sync, REPEATS, warmup=5)
 
 
 def eager_child() -> None:

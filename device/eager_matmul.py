@@ -27,10 +27,11 @@ import threading
 import torch
 
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached
+from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 
-_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64)}
 _LOCK = threading.Lock()
 _PLANS: dict[tuple, object] = {}  # signature -> GemmPlan, or None where the library refused
 _CACHE_LIMIT = 256

@@ -32,33 +32,21 @@ from saturn.codegen import cuda as cg
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .eager_kernels import byte_span, is_non_overlapping_and_dense
+from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 
 ENABLED = True  # False: every op takes the counted CPU path (for comparisons)
 
-_DTYPES = {
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-}
 _FLOATS = ("f32", "f64", "f16", "bf16")
 _INTS_TOO = (*_FLOATS, "i32", "i64")
+_DTYPES = {t: code for t, code in DTYPES.items() if code in _INTS_TOO}  # arithmetic
 # What a kernel computes a dtype's values in, and so what a number operand is held in:
 # half types in float32, as PyTorch's GPU kernels do (their "opmath" type), so ``alpha``
 # or a Python scalar is not rounded to the half type first.
 _OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-# Every dtype a copy kernel converts between (complex and the rest: staged through host).
-_COPY_DTYPES = {
-    **_DTYPES,
-    torch.bool: "bool",
-    torch.uint8: "u8",
-    torch.int8: "i8",
-    torch.int16: "i16",
-}
+# Copy kernels convert between every dtype of the IR (importer.DTYPES); complex and the
+# rest are staged through the host.
 
 In = tuple  # ("in", i): the i-th operand of the kernel
 
@@ -310,7 +298,7 @@ def _plan(
     stream = torch.saturn.stream_handle(device.index)
     if math.prod(shape) == 0:
         return _Plan(None, shape, out_strides, [], [], True, (), dtype, device, stream, result)
-    out_code = _COPY_DTYPES[result]
+    out_code = DTYPES[result]
     ops, shapes, strides, domain, direct = layout(out_code, operands, shape, out)
     with torch.saturn.device(device.index):
         k = _kernel(body, out_code, ops, domain)
@@ -355,7 +343,7 @@ def layout(code: str, operands: list[torch.Tensor], shape, out: torch.Tensor):
     )
     ops, shapes, strides = [], [], []
     for i, t in enumerate(operands):
-        kind = _COPY_DTYPES[t.dtype]
+        kind = DTYPES[t.dtype]
         if t.dim() == 0:
             ops.append(Operand(f"in{i}", kind, (), "scalar"))
             shapes.append(())
@@ -531,7 +519,7 @@ def device_copy(src: torch.Tensor, dst: torch.Tensor) -> bool:
     integers truncate, to bool test for nonzero (NaN is true), to a half type round to
     nearest even. False where it does not apply: a strided destination, overlapping
     operands, a dtype without a kernel (the caller stages through the host)."""
-    if not ENABLED or src.dtype not in _COPY_DTYPES or dst.dtype not in _COPY_DTYPES:
+    if not ENABLED or src.dtype not in DTYPES or dst.dtype not in DTYPES:
         return False
     if dst.numel() == 0 or _overlaps(src, dst):
         return False
@@ -566,7 +554,7 @@ def _copy_plan(src: torch.Tensor, dst: torch.Tensor) -> tuple | None:
     flat = is_non_overlapping_and_dense(dst) and src.stride() == dst.stride()
     if not flat and not dst.is_contiguous():
         return None  # a strided destination: staged
-    code = _COPY_DTYPES[dst.dtype]
+    code = DTYPES[dst.dtype]
     ops, shapes, strides, domain, _ = layout(code, [src], tuple(dst.shape), dst)
     with torch.saturn.device(dst.device.index):
         k = _kernel(("cast", _x(0), code), code, ops, domain)

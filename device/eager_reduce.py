@@ -25,9 +25,10 @@ from saturn.codegen import cuda as cg
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached, is_non_overlapping_and_dense
+from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
-_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64)}
 _PLANS: dict[tuple, tuple | None] = {}
 REDUCTIONS = 0  # reductions run as saturn kernels
 

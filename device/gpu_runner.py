@@ -427,7 +427,7 @@ class GpuRunner:
         swap of data pointers (every tensor and view over it follows). A storage already
         taken back (its address outside the runner's memory) is left alone."""
         ptr, nbytes = held.data_ptr(), held.nbytes()
-        if not any(base <= ptr < end for base, end in self._owned.values()):
+        if not self._points_into_owned(ptr):
             return
         fresh = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         (err,) = _driver().cuMemcpyDtoDAsync(fresh.data_ptr(), ptr, nbytes, self.stream)
@@ -441,7 +441,9 @@ class GpuRunner:
         """Whether ``storage`` is one this runner lent that still points into its memory."""
         if storage.device != self.device or storage._cdata in self._owned:
             return False
-        ptr = storage.data_ptr()
+        return self._points_into_owned(storage.data_ptr())
+
+    def _points_into_owned(self, ptr: int) -> bool:
         return any(base <= ptr < end for base, end in self._owned.values())
 
     def _own(self, t: torch.Tensor) -> None:

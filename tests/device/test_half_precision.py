@@ -162,5 +162,6 @@ def test_a_number_is_not_rounded_to_the_half_type_first():
     the number first would return x unchanged; PyTorch's GPU kernels (and saturn's) hold it
     in float32: 255 * 1.003 = 255.77, which rounds to 256 (bfloat16's step there is 1)."""
     x = torch.full((64,), 255.0, dtype=torch.bfloat16)
-    got = (x.to(GPU) * 1.003).cpu()
-    assert torch.equal(got, torch.full((64,), 256.0, dtype=torch.bfloat16))
+    got, _, fell = copies(lambda: x.to(GPU) * 1.003)
+    assert fell == 0, "ran on the device"
+    assert torch.equal(got.cpu(), torch.full((64,), 256.0, dtype=torch.bfloat16))
