@@ -1,5 +1,5 @@
-"""Eager matrix multiplies on saturn GPU tensors through cuBLASLt (nvmath-python), the
-library plans compiled graphs use (``codegen.gemm.GemmPlan``), instead of the CPU fallback.
+"""Eager matrix multiplies on saturn GPU tensors through cuBLASLt (``codegen.cublaslt.LtPlan``:
+its C API through nvmath-python's bindings, with raw pointers), instead of the CPU fallback.
 
 ``mm``, ``bmm`` and ``addmm`` are registered for the device, and so is everything PyTorch
 builds from them: ``matmul``, ``nn.Linear`` (``addmm`` for a 2-D input, ``matmul`` and an
@@ -13,6 +13,10 @@ a call rebinds the pointers and runs on the device's stream.
 epilogue (one library call); other ``alpha``/``beta`` or a 2-D input to add are the product
 followed by saturn's eager elementwise kernels (``beta = 0`` ignores the input, NaN
 included, as PyTorch does). float32 computes in float32 (no TF32, as PyTorch's default).
+float16 and bfloat16 are read in their type and accumulated in float32, the result (bias
+included) rounded once, as PyTorch's GPU products; their ``addmm`` with other
+``alpha``/``beta`` or a 2-D input falls back, since scaling a rounded product would round
+twice.
 
 What is not taken (other dtypes, operands on different devices, empty products, a layout
 the library refuses even packed) runs PyTorch's CPU kernel on copies and is counted in
@@ -31,9 +35,11 @@ from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 
-_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64)}
+_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+_HALVES = (torch.float16, torch.bfloat16)
+_WORKSPACES: dict[int, torch.Tensor] = {}  # device index -> the plans' shared workspace
 _LOCK = threading.Lock()
-_PLANS: dict[tuple, object] = {}  # signature -> GemmPlan, or None where the library refused
+_PLANS: dict[tuple, object] = {}  # signature -> LtPlan, or None where the library refused
 _CACHE_LIMIT = 256
 GEMMS = 0  # products run through a library plan
 
@@ -49,14 +55,27 @@ def _layout(t: torch.Tensor):
     return Layout(_DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
 
+def _workspace(index: int) -> tuple[int, int]:
+    """One cuBLASLt workspace per GPU: the plans run one at a time on the device's stream
+    (under ``_LOCK``), so they can share it."""
+    from saturn.codegen.cublaslt import WORKSPACE_BYTES
+
+    if index not in _WORKSPACES:
+        _WORKSPACES[index] = torch.empty(
+            WORKSPACE_BYTES, dtype=torch.uint8, device=torch.device("saturn", index)
+        )
+    return _WORKSPACES[index].data_ptr(), WORKSPACE_BYTES
+
+
 def _plan(key: tuple, operands: list[torch.Tensor], out: torch.Tensor, epilogue: str):
-    from saturn.codegen.gemm import GemmError, GemmPlan
+    from saturn.codegen.cublaslt import LtPlan
+    from saturn.codegen.gemm import GemmError
 
     def make():
         a, b, *bias = operands
         ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr(), *(t.data_ptr() for t in bias))
         try:
-            return GemmPlan(
+            return LtPlan(
                 _layout(a),
                 _layout(b),
                 _layout(out),
@@ -64,7 +83,7 @@ def _plan(key: tuple, operands: list[torch.Tensor], out: torch.Tensor, epilogue:
                 _layout(bias[0]) if bias else None,
                 ptrs,
                 torch.saturn.stream_handle(out.device.index),
-                gelu="fused",
+                _workspace(out.device.index),
             )
         except GemmError:
             return None
@@ -146,6 +165,10 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha
         if feature and beta == 1 and alpha == 1:
             return _packed_retry(a, b, bias)
         if not _gpu(bias) or bias.device != a.device or bias.dtype != a.dtype:
+            raise DeclinedError
+        if a.dtype in _HALVES:
+            # PyTorch scales and adds in float32 before one rounding; a half product
+            # followed by eager half ops would round twice
             raise DeclinedError
         try:
             torch.broadcast_shapes(bias.shape, (a.shape[0], b.shape[-1]))

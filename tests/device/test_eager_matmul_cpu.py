@@ -30,40 +30,59 @@ def test_saturn0_runs_pytorchs_cpu_kernel_and_counts_it():
         assert after.get(key, 0) == before.get(key, 0) + 1, key
 
 
-def view(ptr: int, lay) -> np.ndarray:
-    dtype = {"f32": np.float32, "f64": np.float64}[lay.dtype]
-    size = np.dtype(dtype).itemsize
-    extent = 1 + sum((n - 1) * s for n, s in zip(lay.shape, lay.strides, strict=True))
-    base = np.frombuffer((ctypes.c_byte * (extent * size)).from_address(ptr), dtype=dtype)
-    return np.lib.stride_tricks.as_strided(
-        base, lay.shape, [s * size for s in lay.strides], writeable=True
-    )
+def _span(ptr: int, lay) -> tuple[np.ndarray, int]:
+    """An operand's span as float32 or float64 values (halves read from their bits)."""
+    n = 1 + sum((d - 1) * s for d, s in zip(lay.shape, lay.strides, strict=True))
+    if lay.dtype in ("f32", "f64"):
+        dtype = np.float32 if lay.dtype == "f32" else np.float64
+        size = np.dtype(dtype).itemsize
+        return np.frombuffer((ctypes.c_byte * (size * n)).from_address(ptr), dtype=dtype), n
+    bits = np.frombuffer((ctypes.c_byte * (2 * n)).from_address(ptr), dtype=np.int16)
+    return torch.from_numpy(bits.copy()).view(HALF[lay.dtype]).float().numpy(), n
+
+
+HALF = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 
 class HostPlan:
-    """Stands in for codegen.gemm.GemmPlan: the same constructor, numpy at ``run``."""
+    """Stands in for codegen.cublaslt.LtPlan: the same constructor, and at ``run`` its
+    column-major problem (``lt_problem``) run by ``simulate`` on the operands' memory,
+    rounded once to the output's type."""
 
     made: ClassVar[list[HostPlan]] = []
 
-    def __init__(self, a, b, out, epilogue, bias, ptrs, stream, **kwargs):
+    def __init__(self, a, b, out, epilogue, bias, ptrs, stream, workspace, **kwargs):
+        from saturn.codegen.cublaslt import lt_problem
+
         self.layouts, self.epilogue, self.runs = (a, b, out, bias), epilogue, 0
+        self.problem = lt_problem(a, b, out)
         HostPlan.made.append(self)
 
     def run(self, ptrs):
+        from saturn.codegen.cublaslt import simulate
+
         a, b, out, bias = self.layouts
-        value = view(ptrs[0], a) @ view(ptrs[1], b)
-        if bias is not None:
-            value = value + view(ptrs[3], bias)
-        view(ptrs[2], out)[...] = value
+        (fa, _), (fb, _), (fd, n) = (
+            _span(p, x) for p, x in zip(ptrs[:3], (a, b, out), strict=True)
+        )
+        fbias = None if bias is None else _span(ptrs[3], bias)[0]
+        if out.dtype in HALF:
+            fd = fd.copy()
+        # saturn's b is the library's a (out^T = b^T @ a^T)
+        simulate(self.problem, fb, fa, fd, bias=fbias)
+        if out.dtype in HALF:
+            rounded = torch.from_numpy(fd).to(HALF[out.dtype]).view(torch.int16).numpy()
+            dst = (ctypes.c_byte * (2 * n)).from_address(ptrs[2])
+            np.frombuffer(dst, dtype=np.int16)[...] = rounded
         self.runs += 1
 
 
 @pytest.fixture
 def host_gemm(monkeypatch):
-    from saturn.codegen import gemm
+    from saturn.codegen import cublaslt
 
     HostPlan.made = []
-    monkeypatch.setattr(gemm, "GemmPlan", HostPlan)
+    monkeypatch.setattr(cublaslt, "LtPlan", HostPlan)
     monkeypatch.setattr(torch.saturn, "stream_handle", lambda device=None: 0)
     monkeypatch.setattr(em, "_PLANS", {})
     # products take the GPU path on host memory; elementwise ops stay saturn:0's (counted)
@@ -147,9 +166,34 @@ def test_batched_products_and_their_backward(host_gemm):
 
 
 def test_what_the_library_does_not_take_runs_on_the_cpu(host_gemm):
-    a = torch.randn(4, 5, dtype=torch.float16, device=DEV)
+    a = torch.randint(0, 5, (4, 5), device=DEV)  # integers: no library plan
     before = saturn.fallback_counts().get("aten::mm", 0)
     torch.mm(a, a.t())
     assert saturn.fallback_counts()["aten::mm"] == before + 1 and not host_gemm
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         torch.mm(torch.randn(4, 5, device=DEV), torch.randn(4, 5, device=DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_products_take_the_column_major_plan(host_gemm, dtype):
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(24, 10).to(dtype)
+    x = torch.randn(7, 24, dtype=dtype)
+    with torch.no_grad():
+        want = torch.addmm(lin.bias.float(), x.float(), lin.weight.float().t()).to(dtype)
+        got = run(lin.to(DEV), x)
+        torch.testing.assert_close(got.cpu(), want)
+        a, b = torch.randn(3, 6, 8, dtype=dtype), torch.randn(3, 5, 8, dtype=dtype)
+        got = run(lambda a, b: torch.bmm(a, b.transpose(1, 2)), a, b)
+        want = torch.bmm(a.float(), b.float().transpose(1, 2)).to(dtype)
+        torch.testing.assert_close(got.cpu(), want)
+    assert [type(p) for p in host_gemm] == [HostPlan, HostPlan]
+    assert [p.epilogue for p in host_gemm] == ["bias", "none"]
+
+
+def test_half_addmm_with_other_alpha_declines(host_gemm):
+    # a rounded half product scaled afterwards would round twice: PyTorch's CPU kernel runs
+    c, a, b = (torch.randn(*s, dtype=torch.bfloat16, device=DEV) for s in ((5,), (4, 3), (5, 3)))
+    before = saturn.fallback_counts().get("aten::addmm", 0)
+    torch.addmm(c, a, b.t(), alpha=2.0)
+    assert saturn.fallback_counts()["aten::addmm"] == before + 1 and not host_gemm
