@@ -37,9 +37,11 @@ import torch
 
 from saturn.codegen import cuda as cg
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
+from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
 from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
 from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.memory import plan_memory
+from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Step
 
 from .eager_kernels import byte_span, strided_copy
@@ -95,6 +97,7 @@ class GpuRunner:
         self.view_copies: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
         self.gemm_read = _read_only_by_gemms(prog)
         self._scratch: torch.Tensor | None = None
+        self._lt_workspace: torch.Tensor | None = None  # the half products' (see _gemm_plan)
         why = self._not_capturable()
         self.replay = replay and why is None
         if replay and why:
@@ -247,27 +250,36 @@ class GpuRunner:
         ptrs = tuple(t.data_ptr() for t in ops)
         if k.kind == "gemm":
             if have is None or have[0] != key:
-                bias = key[2] if len(key) == 3 else None
-                plan = GemmPlan(
-                    key[0],
-                    key[1],
-                    layout(out),
-                    k.attrs["epilogue"],
-                    bias,
-                    (*ptrs[:2], out.data_ptr(), *ptrs[2:]),
-                    self.stream,
-                    self.precision,
-                    alloc=lambda n: self._workspace(n, keep=False),
-                    choose=self.choose_precision,
-                    gelu=self.gelu_epilogue,
-                )
-                have = self.plans[s.output] = (key, plan)
+                have = self.plans[s.output] = (key, self._gemm_plan(k, key, out, ptrs))
             have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
             return
         # conv
         if have is None or have[0] != key:
             have = self.plans[s.output] = (key, self._conv_plan(k, key, (*ptrs, out.data_ptr())))
         have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+
+    def _gemm_plan(self, k, key: tuple, out: torch.Tensor, ptrs: tuple[int, ...]):
+        """The product's plan, tuned on this call's operands. float16/bfloat16 products are
+        cuBLASLt plans of their own (float32 accumulation, one rounding) sharing one
+        workspace: they run one after another on the stream, and the workspace's fixed
+        address is what replay captures."""
+        bias = key[2] if len(key) == 3 else None
+        args = (key[0], key[1], layout(out), k.attrs["epilogue"], bias)
+        ptrs = (*ptrs[:2], out.data_ptr(), *ptrs[2:])
+        if key[0].dtype in HALVES:
+            if self._lt_workspace is None:
+                self._lt_workspace = self._workspace(WORKSPACE_BYTES, keep=False)
+            ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
+            return LtPlan(*args, ptrs, self.stream, ws)
+        return GemmPlan(
+            *args,
+            ptrs,
+            self.stream,
+            self.precision,
+            alloc=lambda n: self._workspace(n, keep=False),
+            choose=self.choose_precision,
+            gelu=self.gelu_epilogue,
+        )
 
     def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
         """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split

@@ -27,6 +27,7 @@ class Machine:
     host_bytes_per_us: float  # host memory bandwidth for host ops
     host_flops_per_us: float
     view_us: float = 0.5  # a view (metadata only), host or device
+    halves: bool = False  # kernels for float16/bfloat16 (schema.half_facts)
 
 
 GPU = Machine(
@@ -41,6 +42,7 @@ GPU = Machine(
     host_op_us=10.0,
     host_bytes_per_us=10e3,
     host_flops_per_us=20e3,
+    halves=True,
 )
 
 CPU_REFERENCE = Machine(

@@ -143,7 +143,10 @@ class Saturation:
         rules: list | None = None,
         rewrites: list[str] | None = None,
         bounds: Bounds | None = None,
+        facts: str = "",
     ):
+        """``facts``: egglog facts the target machine adds to the rules' (its kernels for
+        half types, ``schema.half_facts``), asserted before the graph."""
         self.graph = graph
         self.bounds = bounds or Bounds()
         self.egraph = eb.EGraph()
@@ -157,6 +160,8 @@ class Saturation:
         self.rulesets = [*DEFAULT_RULESETS, *self.ruleset.user_rulesets, *(rewrites or [])]
         text, self.names = graph_program(graph)
         try:
+            if facts:
+                self._run(facts, "<machine facts>")
             self._run(text, "<graph>")
             self._run("(run-schedule (saturate analysis))", "<schedule>")
         except eb.EggSmolError as e:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .optable import ITEMSIZE
 from .program import Program
 
 ALIGN = 256  # bytes: library calls and 16-byte vector accesses both want aligned bases
-ITEMSIZE = {"bool": 1, "u8": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
 @dataclass(frozen=True)

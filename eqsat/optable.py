@@ -26,6 +26,15 @@ ALL = ("bool", *INTS, *FLOATS)
 DEVICE_FLOATS = ("f32", "f64")
 DEVICE_NUMERIC = ("f32", "f64", "i32", "i64")
 DEVICE_ALL = ("bool", "f32", "f64", "i32", "i64")
+# Computed in the type itself: no rounding to a narrower storage type between two ops, so
+# rules that merge ops (an epilogue, a pattern, a decomposition) keep every value.
+WIDE_FLOATS = ("f32", "f64")
+# Half-precision storage types, run on GPU targets only (decision 0032): an elementwise op
+# computes in float32 and rounds its result to the type, as PyTorch's GPU kernels do, so a
+# fused chain rounds after every op where eager would; products accumulate in float32
+# (cuBLASLt) and round once.
+HALVES = ("f16", "bf16")
+HALF_GEMMS = ("MatMul", "BatchMatMul", "Addmm")
 
 NUMPY_DTYPE = {
     "bool": np.bool_,
@@ -597,3 +606,9 @@ def op(name: str) -> Op:
 
 def elementwise() -> list[Op]:
     return [o for o in OPS if o.category == ELEMENTWISE]
+
+
+def rounded_halves() -> list[Op]:
+    """Elementwise ops a GPU target runs on half types by computing in float32 and rounding
+    (those it runs on float32); Cast converts to and from them directly."""
+    return [o for o in elementwise() if "f32" in o.dtypes and o.name != "Cast"]

@@ -13,6 +13,7 @@ from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
 from .program import Program, fuse_rows, lower, reuse_written
+from .schema import half_facts
 
 
 @dataclass
@@ -35,7 +36,8 @@ def compile_graph(
     io_on_device: bool = False,
 ) -> Compiled:
     # 1. saturate: the graph's terms plus every enabled ruleset, under explicit bounds
-    sat = Saturation(graph, rules, rewrites, bounds)
+    facts = half_facts() if MACHINES[machine].halves else ""
+    sat = Saturation(graph, rules, rewrites, bounds, facts)
     report = sat.run()
     # 2. analyse: types and placement per e-class; every e-node of a class must agree
     view = sat.snapshot()

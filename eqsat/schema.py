@@ -76,8 +76,14 @@ def schema_text() -> str:
         "(relation int-dtype (String))",
         ";; (device-dtype OP DTYPE): the device has a kernel for OP on DTYPE",
         "(relation device-dtype (String String))",
+        ";; (device-rounded OP DTYPE): the device computes OP on a half type in float32 and",
+        ";; rounds the result to it (GPU targets only: asserted by the pipeline per machine)",
+        "(relation device-rounded (String String))",
+        ";; (wide-float DTYPE): ops on DTYPE compute in DTYPE, with no rounding between ops",
+        "(relation wide-float (String))",
     ]
     out += [f'(float-dtype "{d}")' for d in ot.FLOATS]
+    out += [f'(wide-float "{d}")' for d in ot.WIDE_FLOATS]
     out += [f'(int-dtype "{d}")' for d in ot.INTS]
     for op in ot.OPS:
         for d in op.dtypes:
@@ -186,6 +192,26 @@ def placement_text() -> str:
         )
     out += [
         "",
+        ";; Half types (device-rounded, GPU targets): the same op computed in float32 and",
+        ";; rounded to the half type by ECast, as PyTorch's GPU kernel computes and stores it,",
+        ";; so an inlined producer's value is the rounded one eager reads. Comparisons give",
+        ";; bool and a selection returns an operand as is: no rounding.",
+    ]
+    for op in ot.rounded_halves():
+        xs = [f"x{i}" for i in range(op.arity)]
+        lds = " ".join(f"(Ld (ToDev {x}))" for x in xs)
+        guard_of = "x1" if op.name == "Where" else "x0"
+        body = f"({op.device_expr} {lds})"
+        if op.out_dtype is None and op.name != "Where":
+            body = f"(ECast {body} d)"
+        out.append(
+            f"(rule ((= e ({op.name} {' '.join(xs)})) (= d (dtype {guard_of}))"
+            f' (device-rounded "{op.name}" d))'
+            f" ((union e (ToHost (Loop {body}))))"
+            f' :ruleset placement :name "place-{op.name}-rounded")'
+        )
+    out += [
+        "",
         ";; a scalar operand becomes a constant in the kernel's body (exact: same value)",
         '(rewrite (Ld (ToDev (Scalar b d))) (ESc b d) :ruleset placement :name "ld-scalar")',
         "",
@@ -197,6 +223,18 @@ def placement_text() -> str:
             f' ((union e (ToHost (Reduce "{kind}" (Ld (ToDev x)) dims kd))))'
             f' :ruleset placement :name "place-{name}")'
         )
+    return "\n".join(out) + "\n"
+
+
+def half_facts() -> str:
+    """The facts that let a GPU target run half types (decision 0032): rounded elementwise
+    ops, conversions to and from them, and products (cuBLASLt, float32 accumulation). The
+    CPU reference device has no half kernels, so the pipeline asserts these per machine."""
+    out = []
+    for op in ot.rounded_halves():
+        out += [f'(device-rounded "{op.name}" "{d}")' for d in ot.HALVES]
+    for name in ("Cast", *ot.HALF_GEMMS):
+        out += [f'(device-dtype "{name}" "{d}")' for d in ot.HALVES]
     return "\n".join(out) + "\n"
 
 

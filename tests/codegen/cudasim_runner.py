@@ -293,7 +293,7 @@ def run_halves() -> int:
 
     import torch
 
-    from saturn.eqsat.program import Kernel, Operand
+    from saturn.eqsat.program import Kernel, Operand, Step
 
     # float16 rounding to infinity warns in numpy (each simulated thread: errstate is local)
     warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
@@ -419,6 +419,28 @@ def run_halves() -> int:
         )
         got = from_memory(launch(k, [x32.numpy()], [(n,)], [(1,)]), "f32")
         check(f"cast to {dtype} in a body", got, x32.to(torch_dtype[dtype]).float() * 2.0)
+        # a half operand summed into float32 (rows and columns, whole and split): each
+        # element read exactly into float32, so the sums equal float64's rounded (small
+        # integers times 2 add exactly in float32)
+        ints = torch.from_numpy(rng.integers(-8, 9, (6, 50)).astype(np.float32))
+        h = ints.to(torch_dtype[dtype])
+        for axis in (1, 0):
+            k = Kernel(
+                "reduce",
+                "out",
+                "f32",
+                (6,) if axis == 1 else (50,),
+                [Operand("in0", dtype, (6, 50), "same")],
+                body=("mul", ("cast", ("in", 0), "f32"), ("const", 4611686018427387904, "f32")),
+                domain=(6, 50),
+                attrs={"reduce": "sum", "dims": (axis,), "keepdim": 0},
+            )
+            step = Step("kernel", "out", dtype="f32", shape=k.shape, kernel=k)
+            want = (ints * 2).sum(axis)
+            got = run_kernel(step, [to_memory(h, dtype).reshape(6, 50)])
+            check(f"{dtype} sum over axis {axis} -> f32", torch.from_numpy(got), want)
+            got = run_split(step, [to_memory(h, dtype).reshape(6, 50)])
+            check(f"{dtype} split sum over axis {axis} -> f32", torch.from_numpy(got), want)
     return failures
 
 

@@ -1,0 +1,115 @@
+"""Compiled float16/bfloat16 graphs on the GPU (marker gpu, decision 0032): fused loops that
+round after every op give eager's bits, products run cuBLASLt with float32 accumulation,
+and ops whose fusion would change rounding stay as PyTorch computes them; values against
+eager PyTorch on the CPU, with proof of where the work ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import saturn
+from saturn import backend
+
+pytestmark = pytest.mark.gpu
+GPU = "saturn:1"
+HALVES = [torch.float16, torch.bfloat16]
+TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}  # ~2 units of rounding
+
+
+def compile_last(fn, *args):
+    """(compiled fn's result on args, the recipe it ran)."""
+    torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
+    cfn = torch.compile(fn, backend="saturn", dynamic=False)
+    fb = saturn.fallback_counts()
+    out = cfn(*args)
+    assert backend.CACHE.compiles == compiles + 1
+    recipe = list(backend.CACHE.items.values())[-1].recipe
+    return cfn, out, recipe, fb
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_fused_half_chain_gives_eagers_bits(dtype):
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 96).to(dtype), torch.randn(256, 96).to(dtype)
+
+    def f(x, y):
+        a = x + y
+        return a * torch.exp(a * 0.25) - 1.5
+
+    xd, yd = x.to(GPU), y.to(GPU)
+    eager = f(xd, yd)  # saturn's eager kernels: each op rounded to the half type
+    _, got, recipe, fb = compile_last(f, xd, yd)
+    prog = recipe.program
+    assert [k.kind for k in prog.kernels] == ["loop"], prog.to_text()
+    assert prog.count("host") == 0 and recipe.last.crossings == 0
+    assert saturn.fallback_counts() == fb
+    assert got.dtype == dtype and torch.equal(got.cpu(), eager.cpu())
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.cpu(), f(x, y), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_half_mlp_block_runs_library_products_and_replays(dtype):
+    torch.manual_seed(1)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)
+    ).to(dtype)
+    x = torch.randn(4, 32, 64).to(dtype)
+
+    def block(x):
+        return x + mlp(x)
+
+    with torch.no_grad():
+        want = block(x)
+        mlp.to(GPU)
+        xd = x.to(GPU)
+        eager = block(xd)
+        cfn, got, recipe, fb = compile_last(block, xd)
+        outs = [got, cfn(xd), cfn(xd)]  # compiled, captured, replayed
+    from saturn.codegen.cublaslt import LtPlan
+
+    prog = recipe.program
+    gemms = [k.attrs["epilogue"] for k in prog.kernels if k.kind == "gemm"]
+    assert gemms == ["relu_bias", "bias"], prog.to_text()
+    assert prog.count("host") == 0 and recipe.last.crossings == 0
+    assert all(isinstance(p, LtPlan) for _, p in recipe.runner.plans.values())
+    assert recipe.runner.replays >= 1
+    assert saturn.fallback_counts() == fb
+    rtol, atol = TOL[dtype]
+    for out in outs:
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.cpu(), want, rtol=rtol, atol=atol)
+        torch.testing.assert_close(out.cpu(), eager.cpu(), rtol=rtol, atol=atol)
+
+
+def test_mixed_precision_casts_run_on_the_device():
+    torch.manual_seed(2)
+    x, w, b = torch.randn(48, 64), torch.randn(96, 64) / 8, torch.randn(96)
+    wb, bb = w.to(torch.bfloat16), b.to(torch.bfloat16)
+
+    def f(x, w, b):
+        return (torch.nn.functional.linear(x.to(torch.bfloat16), w, b).relu().float() * 2).sum(-1)
+
+    _, got, recipe, fb = compile_last(f, x.to(GPU), wb.to(GPU), bb.to(GPU))
+    prog = recipe.program
+    assert prog.count("host") == 0 and recipe.last.crossings == 0, prog.to_text()
+    assert saturn.fallback_counts() == fb
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), f(x, wb, bb), rtol=1.6e-2, atol=5e-2)
+
+
+def test_a_half_softmax_stays_pytorchs_between_device_ops():
+    # decomposed, a bfloat16 softmax would round after every op: it runs as PyTorch's op
+    torch.manual_seed(3)
+    x = torch.randn(16, 40).to(torch.bfloat16)
+
+    def f(x):
+        return torch.softmax(x * 2, -1) + x
+
+    _, got, recipe, fb = compile_last(f, x.to(GPU))
+    prog = recipe.program
+    assert prog.count("host") == 1 and [k.kind for k in prog.kernels] == ["loop", "loop"]
+    assert saturn.fallback_counts() == fb
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1.6e-2, atol=1e-2)
