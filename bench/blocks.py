@@ -13,7 +13,12 @@ and Inductor so that all compute float32); "saturn tf32x3" is saturn with that o
 (float32 GEMMs as three TF32 products of split operands where that is faster, float32-level
 accuracy: see its max error column).
 
-    python bench/blocks.py [workload ...]      (on a GPU machine)
+With --bf16, the MLP and encoder workloads in bfloat16 (models and inputs converted; eager
+and Inductor in bfloat16 on CUDA, their products on tensor cores), against the CPU's bfloat16
+eager output for the error column; no tf32x3 column. The ResNet block is left out: saturn's
+convolutions are float32/float64 plans, so a bfloat16 one runs on the host.
+
+    python bench/blocks.py [--bf16] [workload ...]      (on a GPU machine)
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def timed(fn, x, sync) -> tuple[float, float]:
     return statistics.median(calls) * 1e6, statistics.median(hosts) * 1e6
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], dtype: torch.dtype = torch.float32) -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     cuda_sync = torch.cuda.synchronize
@@ -65,6 +70,7 @@ def main(names: list[str]) -> None:
     summary = []
     for name in names:
         model, x = make(name)
+        model, x = model.to(dtype), x.to(dtype)
         with torch.no_grad():
             want = model(x)
             m_cuda = copy.deepcopy(model).cuda()
@@ -82,20 +88,23 @@ def main(names: list[str]) -> None:
             xs = x.to(GPU)
             rows["saturn"] = (*timed(sat, xs, saturn_sync), sat(xs))
             torch._dynamo.reset()
-            sat3 = torch.compile(
-                copy.deepcopy(model).to(GPU),
-                backend="saturn",
-                options={"tf32x3": True},
-                dynamic=False,
-            )
-            rows["saturn tf32x3"] = (*timed(sat3, xs, saturn_sync), sat3(xs))
+            sat3 = None
+            if dtype == torch.float32:
+                sat3 = torch.compile(
+                    copy.deepcopy(model).to(GPU),
+                    backend="saturn",
+                    options={"tf32x3": True},
+                    dynamic=False,
+                )
+                rows["saturn tf32x3"] = (*timed(sat3, xs, saturn_sync), sat3(xs))
         for impl, (call, host, out) in rows.items():
-            err = (out.cpu() - want).abs().max().item()
+            err = (out.cpu().float() - want.float()).abs().max().item()
             print(f"{name:22s} {impl:24s} {call:9.1f} {host:9.1f} {err:9.2e}")
         best_ind = min(rows["inductor"][0], rows["inductor reduce-overhead"][0])
         for impl in ("saturn", "saturn tf32x3"):
-            s = rows[impl][0]
-            summary.append((f"{name} {impl[7:]}", rows["eager"][0] / s, best_ind / s))
+            if impl in rows:
+                s = rows[impl][0]
+                summary.append((f"{name} {impl[7:]}", rows["eager"][0] / s, best_ind / s))
         del m_cuda, xc, ind, ind_ro, sat, sat3, xs
         torch.cuda.empty_cache()
     print("\nspeed-up of saturn (time of the other / time of saturn):")
@@ -104,4 +113,9 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(WORKLOADS))
+    args = sys.argv[1:]
+    if "--bf16" in args:
+        args.remove("--bf16")
+        main(args or [w for w in WORKLOADS if not w.startswith("resnet")], torch.bfloat16)
+    else:
+        main(args or list(WORKLOADS))

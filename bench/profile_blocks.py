@@ -1,9 +1,10 @@
 """Where the device time of one block goes: kernels by total device time (CUPTI, through
 torch.profiler) for eager PyTorch and saturn, per call, after warm-up.
 
-    python bench/profile_blocks.py [--tf32x3] [workload ...]      (on a GPU machine)
+    python bench/profile_blocks.py [--tf32x3] [--bf16] [workload ...]   (on a GPU machine)
 
-``--tf32x3`` profiles saturn with that option as well.
+``--tf32x3`` profiles saturn with that option as well; ``--bf16`` converts the models and
+inputs to bfloat16.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ def kernels(fn, x, sync) -> None:
         print(f"    {t / CALLS:9.1f} us  x{n / CALLS:4.1f}  {name[:110]}")
 
 
-def main(names: list[str], tf32x3: bool = False) -> None:
+def main(names: list[str], tf32x3: bool = False, dtype: torch.dtype = torch.float32) -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in names:
         model, x = make(name)
+        model, x = model.to(dtype), x.to(dtype)
         with torch.no_grad():
             print(f"{name}: eager")
             kernels(copy.deepcopy(model).cuda(), x.cuda(), torch.cuda.synchronize)
@@ -69,5 +71,6 @@ def main(names: list[str], tf32x3: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--tf32x3"]
-    main(args or list(WORKLOADS), tf32x3="--tf32x3" in sys.argv[1:])
+    args = [a for a in sys.argv[1:] if a not in ("--tf32x3", "--bf16")]
+    dtype = torch.bfloat16 if "--bf16" in sys.argv[1:] else torch.float32
+    main(args or list(WORKLOADS), tf32x3="--tf32x3" in sys.argv[1:], dtype=dtype)

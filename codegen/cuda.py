@@ -886,7 +886,9 @@ def fits_narrow(n: int, shape, strides) -> bool:
 
 
 COPY_TYPES = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "uint64"}
-ROW_LANES = {4: 4, 8: 2}  # element width -> elements per 16-byte access in row copies
+# element width -> elements per vector access in row copies (16 bytes; 8 for 2-byte
+# elements, the widest vector intrinsic being four lanes)
+ROW_LANES = {2: 4, 4: 4, 8: 2}
 
 
 def row_copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tuple[str, Params]:

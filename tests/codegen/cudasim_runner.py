@@ -224,6 +224,7 @@ def run_copies() -> int:
         ((4, 6, 5), (1, 0, 2), np.int64),
         ((2, 5, 3, 8), (0, 2, 1, 3), np.float32),  # a head permute: contiguous rows
         ((3, 4, 6), (1, 0, 2), np.int64),  # rows of 2-element vectors
+        ((2, 5, 3, 8), (0, 2, 1, 3), np.float16),  # a half head permute: 4-element vectors
     ]
     for (shape, perm, dtype), narrow in itertools.product(cases, (False, True)):
         base = (rng.standard_normal(shape) * 50).astype(dtype)

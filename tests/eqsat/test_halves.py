@@ -100,13 +100,21 @@ def test_relu_folds_into_a_half_epilogue_and_tanh_gelu_declines(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_a_half_softmax_is_not_decomposed(dtype):
-    # PyTorch's softmax computes in float32 and rounds once; its decomposition would round
-    # after every op
-    c = compiled(f"(input x {dtype} [4 8])\n(let r (Softmax x 1))\n(output r)\n")
-    assert not kernels(c) and c.program.count("host") == 1
-    wide = compiled("(input x f32 [4 8])\n(let r (Softmax x 1))\n(output r)\n")
-    assert kernels(wide) and wide.program.count("host") == 0
+@pytest.mark.parametrize("op", ["(Softmax x 1)", "(LogSoftmax x 1)", "(LayerNorm x w b [1] 1e-5)"])
+def test_a_half_norm_is_the_float32_op_rounded_once(dtype, op):
+    # PyTorch computes these in float32 and rounds once: decomposed in the half type, each
+    # op would round; as the float32 op of the widened input they run on the device
+    text = f"(input x {dtype} [4 8])\n(input w {dtype} [8])\n(input b {dtype} [8])\n"
+    c = compiled(text + f"(let r {op})\n(output r)\n")
+    ks = kernels(c)
+    assert ks and c.program.count("host") == 0
+    # every value in between is float32; only the result is rounded to the half type
+    inner = [k for k in ks if k.dtype != dtype]
+    assert inner and all(k.dtype == "f32" for k in inner)
+    (last,) = [k for k in ks if k.dtype == dtype]
+    assert last.body[0] == "cast" and casts(last.body) == 1
+    host = compiled(text + f"(let r {op})\n(output r)\n", machine="cpu-reference")
+    assert not kernels(host) and host.program.count("host") == 1
 
 
 def test_conversions_between_half_and_float32_run_on_the_device():
