@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import EPILOGUES, GemmError, Layout, time_on_stream
+from .gemm import GemmError, Layout, check_epilogue, time_on_stream
 
 # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F
 DATA_TYPE = {"f16": 2, "bf16": 14, "f32": 0, "f64": 1}
@@ -167,20 +167,13 @@ class LtPlan:
         autotune: bool = True,
         candidates: int = 8,
     ):
-        if epilogue not in EPILOGUES:
-            raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
-        if (bias is None) != (epilogue == "none"):
-            raise GemmError(f"epilogue {epilogue!r} with{'out' if bias is None else ''} a bias")
+        check_epilogue(epilogue, bias, out)
         dtypes = {lay.dtype for lay in (a, b, out, bias) if lay is not None}
         if len(dtypes) != 1 or next(iter(dtypes)) not in DATA_TYPE:
             raise GemmError(f"no GEMM plan for dtypes {sorted(dtypes)}")
         self.problem = lt_problem(a, b, out)
-        if bias is not None:
-            if len(out.shape) != 2 or bias.shape != (out.shape[1],) or bias.strides != (1,):
-                raise GemmError(
-                    f"bias epilogue needs a 2-D product and a packed bias per output "
-                    f"feature, got output {list(out.shape)} and bias {list(bias.shape)}"
-                )
+        if bias is not None and bias.strides != (1,) and bias.shape != (1,):
+            raise GemmError(f"the bias epilogue reads a packed bias, got strides {bias.strides}")
         self.layouts = (a, b, out, bias)
         self.dtype = out.dtype
         self.epilogue = epilogue

@@ -74,6 +74,22 @@ def device_array(ptr: int, lay: Layout):
 
 
 EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
+
+
+def check_epilogue(epilogue: str, bias: Layout | None, out: Layout) -> None:
+    """GemmError unless ``epilogue`` is known, has a bias exactly when it needs one, and
+    that bias is one value per output feature of a 2-D product."""
+    if epilogue not in EPILOGUES:
+        raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
+    if (bias is None) != (epilogue == "none"):
+        raise GemmError(f"epilogue {epilogue!r} with{'out' if bias is None else ''} a bias")
+    if bias is not None and (len(out.shape) != 2 or bias.shape != (out.shape[1],)):
+        raise GemmError(
+            f"bias epilogue needs a 2-D product and a bias per output feature, got "
+            f"output {list(out.shape)} and bias {list(bias.shape)}"
+        )
+
+
 PRECISIONS = ("fp32", "tf32", "tf32x3")
 
 # hi = x rounded to TF32 (to nearest, ties away: cvt.rna), lo = (x - hi) rounded likewise
@@ -252,15 +268,7 @@ class GemmPlan:
             raise GemmError(f"unknown GEMM precision {precision!r}; one of {PRECISIONS}")
         if gelu not in GELU_CHOICES:
             raise GemmError(f"unknown GELU epilogue choice {gelu!r}; one of {GELU_CHOICES}")
-        if epilogue not in EPILOGUES:
-            raise GemmError(f"unknown GEMM epilogue {epilogue!r}")
-        if (bias is None) != (epilogue == "none"):
-            raise GemmError(f"epilogue {epilogue!r} with{'out' if bias is None else ''} a bias")
-        if bias is not None and (len(out.shape) != 2 or bias.shape != (out.shape[1],)):
-            raise GemmError(
-                f"bias epilogue needs a 2-D product and a bias per output feature, got "
-                f"output {list(out.shape)} and bias {list(bias.shape)}"
-            )
+        check_epilogue(epilogue, bias, out)
         for lay in (a, b, out):
             if len(lay.shape) not in (2, 3):
                 raise GemmError(f"GEMM operand of rank {len(lay.shape)}")

@@ -97,3 +97,28 @@ def test_overlapping_output_batches_are_refused():
             Layout("f32", (2, 4, 5), (20, 5, 1)),
             Layout("f32", (2, 3, 5), (5, 5, 1)),
         )
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"a": Layout("f32", (8, 4), (4, 1))}, "dtypes"),  # bf16 @ f32: no mixed products
+        ({"bias": Layout("bf16", (6,), (2,))}, "packed bias"),
+        ({"epilogue": "silu_bias"}, "unknown GEMM epilogue"),
+        ({"epilogue": "none"}, "with a bias"),
+        ({"a": Layout("i32", (8, 4), (4, 1)), "b": Layout("i32", (4, 6), (6, 1))}, "dtypes"),
+    ],
+)
+def test_plans_refuse_what_cublaslt_cannot_take_before_touching_the_device(change, reason):
+    from saturn.codegen.cublaslt import LtPlan
+
+    args = {
+        "a": Layout("bf16", (8, 4), (4, 1)),
+        "b": Layout("bf16", (4, 6), (6, 1)),
+        "out": Layout("bf16" if "i32" not in str(change) else "i32", (8, 6), (6, 1)),
+        "epilogue": "bias",
+        "bias": Layout("bf16", (6,), (1,)),
+    }
+    args.update(change)
+    with pytest.raises(GemmError, match=reason):
+        LtPlan(**args, ptrs=(0, 0, 0, 0), stream=0, workspace=(0, 0))

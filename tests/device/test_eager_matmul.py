@@ -23,23 +23,43 @@ def counted(fn):
     return out, em.GEMMS - before[0], sum(after) - sum(before[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+HALF_TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}  # ~2 ulps
+
+
+def half_reference(fn, dtype, *xs):
+    """fn on float32 copies of half inputs, rounded once to dtype (as a float32-accumulating
+    product with one rounding gives it)."""
+    return fn(*(x.float() for x in xs)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["packed", "transposed a", "transposed b", "sliced"])
 def test_mm_uses_the_operands_layouts(dtype, layout):
+    from saturn.codegen.cublaslt import LtPlan
+
     torch.manual_seed(0)
     # scaled so that products are O(1): float32's rounding then stays well under 1e-5
-    a, b = torch.randn(96, 160, dtype=dtype) / 160**0.5, torch.randn(160, 72, dtype=dtype)
+    a = (torch.randn(96, 160, dtype=torch.float64) / 160**0.5).to(dtype)
+    b = torch.randn(160, 72, dtype=torch.float64).to(dtype)
     da, db = a.to(GPU), b.to(GPU)
     if layout == "transposed a":
         da = a.t().contiguous().to(GPU).t()
     elif layout == "transposed b":
         db = b.t().contiguous().to(GPU).t()
     elif layout == "sliced":
-        wide = torch.randn(96, 200, dtype=dtype) / 160**0.5
+        wide = (torch.randn(96, 200, dtype=torch.float64) / 160**0.5).to(dtype)
         a, da = wide[:, 20:180], wide.to(GPU)[:, 20:180]
+    em._PLANS.clear()
     got, ran, fell = counted(lambda: da @ db)
-    torch.testing.assert_close(got.cpu(), a @ b, rtol=1e-5, atol=1e-5)
-    assert (ran, fell) == (1, 0)
+    assert (ran, fell) == (1, 0) and got.dtype == dtype
+    assert [type(p) for p in em._PLANS.values()] == [LtPlan]
+    if dtype in HALF_TOL:
+        rtol, atol = HALF_TOL[dtype]
+        torch.testing.assert_close(
+            got.cpu(), half_reference(torch.mm, dtype, a, b), rtol=rtol, atol=atol
+        )
+    else:
+        torch.testing.assert_close(got.cpu(), a @ b, rtol=1e-5, atol=1e-5)
 
 
 def test_bmm_and_addmm_with_alpha_and_beta():
@@ -93,40 +113,6 @@ def test_a_2d_linear_is_one_bias_epilogue_and_views_at_odd_offsets():
         got, ran, fell = counted(lambda: dlin(flat.to(GPU)[1:].view(32, 64)))
         torch.testing.assert_close(got.cpu(), lin(xo), rtol=1e-5, atol=1e-5)
         assert (ran, fell) == (1, 0)
-
-
-HALF_TOL = {torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}  # ~2 ulps
-
-
-def half_reference(fn, dtype, *xs):
-    """fn on float32 copies of half inputs, rounded once to dtype (as a float32-accumulating
-    product with one rounding gives it)."""
-    return fn(*(x.float() for x in xs)).to(dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["packed", "transposed a", "transposed b", "sliced"])
-def test_half_mm_runs_the_column_major_plan(dtype, layout):
-    from saturn.codegen.cublaslt import LtPlan
-
-    torch.manual_seed(4)
-    a, b = (torch.randn(96, 160) / 160**0.5).to(dtype), torch.randn(160, 72).to(dtype)
-    da, db = a.to(GPU), b.to(GPU)
-    if layout == "transposed a":
-        da = a.t().contiguous().to(GPU).t()
-    elif layout == "transposed b":
-        db = b.t().contiguous().to(GPU).t()
-    elif layout == "sliced":
-        wide = (torch.randn(96, 200) / 160**0.5).to(dtype)
-        a, da = wide[:, 20:180], wide.to(GPU)[:, 20:180]
-    em._PLANS.clear()
-    got, ran, fell = counted(lambda: da @ db)
-    rtol, atol = HALF_TOL[dtype]
-    torch.testing.assert_close(
-        got.cpu(), half_reference(torch.mm, dtype, a, b), rtol=rtol, atol=atol
-    )
-    assert (ran, fell) == (1, 0) and got.dtype == dtype
-    assert [type(p) for p in em._PLANS.values()] == [LtPlan]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
