@@ -10,10 +10,12 @@ reduction reading whole rows, not a strided walk; when the reduced axes are adja
 that order the input is read as packed. Otherwise the reduced axes are moved last and the
 input read through its strides. The result holds the kept axes in their order (a view of
 the kernel's packed output where the memory order differs). Accumulation is in the
-dtype (float32 stays float32, as PyTorch's GPU kernels do); ``amax``/``amin`` propagate NaN.
+dtype (float32 stays float32, as PyTorch's GPU kernels do); float16 and bfloat16 are read
+into a float32 accumulator and the result rounded once to their type at the store, as
+PyTorch accumulates them. ``amax``/``amin`` propagate NaN.
 
-Declined (PyTorch's CPU kernel on copies, counted in ``saturn.fallback_counts()``): dtypes
-other than float32/float64, a ``dtype=`` argument, empty reductions or results, axes
+Declined (PyTorch's CPU kernel on copies, counted in ``saturn.fallback_counts()``): integer
+and bool dtypes, a ``dtype=`` argument, empty reductions or results, axes
 PyTorch rejects (its CPU kernel raises its error), and saturn:0.
 """
 
@@ -28,7 +30,8 @@ from .eager_pointwise import DeclinedError, _cpu, _gpu, cached, is_non_overlappi
 from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
-_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64)}
+_DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
+_HALVES = ("f16", "bf16")
 _PLANS: dict[tuple, tuple | None] = {}
 REDUCTIONS = 0  # reductions run as saturn kernels
 
@@ -79,15 +82,17 @@ def _plan(kind: str, x: torch.Tensor, dims: tuple[int, ...]):
     out_shape = tuple(x.shape[a] for a in kept)
     code = _DTYPES[x.dtype]
     op = Operand("in0", code, domain, indexing)
+    half = code in _HALVES  # a float32 accumulator, the result rounded once at the store
     k = Kernel(
         "reduce",
         "out",
         code,
         out_shape,
         [op],
-        ("in", 0),
+        ("cast", ("in", 0), "f32") if half else ("in", 0),
         domain,
-        {"reduce": kind, "dims": pos, "keepdim": False},
+        {"reduce": kind, "dims": pos, "keepdim": False, **({"acc_dtype": "f32"} if half else {})},
+        epilogue=("cast", ("in", 0), code) if half else None,
     )
     kernel = _compile(k, x.device.index)
     launch_strides = packed_strides(domain) if indexing == "same" else strides

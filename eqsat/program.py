@@ -774,7 +774,6 @@ def _row_stage(s: Step | None, domain: tuple[int, ...]) -> bool:
         and k.attrs["keepdim"] == 1
         and k.attrs.get("acc_dtype", k.dtype) in ROW_FLOATS
         and k.dtype in ROW_FLOATS
-        and not any(o.dtype in ot.HALVES for o in k.inputs)
     )
 
 
@@ -855,8 +854,6 @@ def fuse_rows(prog: Program) -> Program:
         k = s.kernel
         if k is None or k.kind != "loop" or not k.domain or k.domain[-1] > ROWS_MAX:
             continue
-        if k.dtype in ot.HALVES or any(o.dtype in ot.HALVES for o in k.inputs):
-            continue  # the CUDA emitter builds no rows kernel reading or writing halves
         dom = tuple(k.domain)
         group: set[str] = set()
         todo = [o.value for o in k.inputs if o.indexing == "leading"]

@@ -79,6 +79,8 @@ def schema_text() -> str:
         ";; (device-rounded OP DTYPE): the device computes OP on a half type in float32 and",
         ";; rounds the result to it (GPU targets only: asserted by the pipeline per machine)",
         "(relation device-rounded (String String))",
+        ";; (device-half DTYPE): the target runs kernels on half type DTYPE (GPU targets)",
+        "(relation device-half (String))",
         ";; (wide-float DTYPE): ops on DTYPE compute in DTYPE, with no rounding between ops",
         "(relation wide-float (String))",
     ]
@@ -230,7 +232,7 @@ def half_facts() -> str:
     """The facts that let a GPU target run half types (decision 0032): rounded elementwise
     ops, conversions to and from them, and products (cuBLASLt, float32 accumulation). The
     CPU reference device has no half kernels, so the pipeline asserts these per machine."""
-    out = []
+    out = [f'(device-half "{d}")' for d in ot.HALVES]
     for op in ot.rounded_halves():
         out += [f'(device-rounded "{op.name}" "{d}")' for d in ot.HALVES]
     for name in ("Cast", *ot.HALF_GEMMS):

@@ -442,7 +442,113 @@ def run_halves() -> int:
             check(f"{dtype} sum over axis {axis} -> f32", torch.from_numpy(got), want)
             got = run_split(step, [to_memory(h, dtype).reshape(6, 50)])
             check(f"{dtype} split sum over axis {axis} -> f32", torch.from_numpy(got), want)
+        # half reductions as compiled (sum-half etc.): float32 accumulation, the result
+        # rounded once to the half type by the epilogue at the store; values chosen so the
+        # float32 sums are exact (order-free), NaN through max
+        from saturn.eqsat.graph import parse_graph
+        from saturn.eqsat.pipeline import compile_graph
+
+        vals = ints.clone()
+        vals[2, 7] = float("nan")
+        vals[4, 11] = 3.0e38 if dtype == "bf16" else 6.0e4  # near the type's largest
+        hv = vals.to(torch_dtype[dtype])
+        refs = {
+            "Sum": lambda t, a: t.float().sum(a),
+            "Mean": lambda t, a: t.float().mean(a),
+            "Amax": lambda t, a: t.float().amax(a),
+        }
+        for (op, ref), axis in itertools.product(refs.items(), (1, 0)):
+            text = f"(input x {dtype} [6 50])\n(let r ({op} x [{axis}] 0))\n(output r)\n"
+            prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
+            (k,) = prog.kernels
+            step = Step("kernel", "out", dtype=dtype, shape=k.shape, kernel=k)
+            want = ref(hv, axis).to(torch_dtype[dtype])
+            # split: the column case (a row split runs 256 simulated threads per chunk;
+            # the float32-result cases above cover it)
+            for split in (False, True) if axis == 0 else (False,):
+                mem = np.zeros(k.shape, np.uint16 if dtype == "bf16" else np.float16)
+                step.kernel = k
+                arrays = [to_memory(hv, dtype).reshape(6, 50)]
+                out = _half_launch(step, arrays, split, mem)
+                how = " split" if split else ""
+                check(f"{dtype} {op}{how} over axis {axis}", from_memory(out, dtype), want)
+        # half softmax, log_softmax and layer norm as compiled: rows kernels reading the
+        # half input into float32 stages, the result rounded once (vector steps over rows
+        # of 40; scalar steps over rows of 37 and a block per row of 300, on two rows: the
+        # simulator runs a Python thread per GPU thread); within one unit of the half
+        # type's rounding of PyTorch's float32 computation (exp and rsqrt differ in
+        # float32's last bits)
+        tol = {"bf16": 2.0**-7, "f16": 2.0**-10}[dtype]
+        refs = {
+            "(Softmax x 1)": lambda t, w, b: torch.softmax(t.float(), -1),
+            "(LogSoftmax x 1)": lambda t, w, b: torch.log_softmax(t.float(), -1),
+            "(LayerNorm x w b [1] 1e-05)": lambda t, w, b: torch.nn.functional.layer_norm(
+                t.float(), (t.shape[-1],), w.float(), b.float(), 1e-5
+            ),
+        }
+        cases = [(op, 6, 40) for op in refs] + [
+            ("(LayerNorm x w b [1] 1e-05)", 2, 37),
+            ("(Softmax x 1)", 2, 300),
+        ]
+        for op, rows, cols in cases:
+            ref = refs[op]
+            text = (
+                f"(input x {dtype} [{rows} {cols}])\n(input w {dtype} [{cols}])\n"
+                f"(input b {dtype} [{cols}])\n(let r {op})\n(output r)\n"
+            )
+            prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
+            (k,) = prog.kernels
+            assert k.kind == "rows", k
+            xv = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32) * 3)
+            wv = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+            bv = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+            hx, hw, hb = (t.to(torch_dtype[dtype]) for t in (xv, wv, bv))
+            by_name = {"x": hx, "w": hw, "b": hb}
+            order = {s.output: s.op for s in prog.steps if s.kind == "input"}
+            arrays = [to_memory(by_name[order[o.value]], dtype) for o in k.inputs]
+            step = Step("kernel", "out", dtype=dtype, shape=k.shape, kernel=k)
+            mem = np.zeros(k.shape, np.uint16 if dtype == "bf16" else np.float16)
+            got = from_memory(_half_launch(step, arrays, False, mem), dtype).float()
+            want = ref(hx, hw, hb)
+            ok = torch.allclose(got, want, rtol=tol, atol=tol)
+            print(f"{'ok' if ok else 'FAIL'} half {dtype} rows {op} x {cols}")
+            failures += not ok
     return failures
+
+
+def _half_launch(step, arrays, split: bool, out: np.ndarray) -> np.ndarray:
+    """A kernel with a half-type result under the simulator into ``out``; a reduction
+    whole or split (run_kernel and run_split allocate numpy-typed outputs, which bfloat16
+    has none of)."""
+    k = step.kernel
+    shapes = [a.shape for a in arrays]
+    strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
+    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    flat = out.reshape(-1)
+    if not split:
+        g = cg.generate(k)
+        sizes = cg.size_args(g, k, shapes, strides)
+        blocks, threads = cg.grid_for(g, sizes, sm_count=0.125)
+        cuda.jit(cg.python_function(g))[blocks, threads](
+            flat, *flats, *[sizes[n] for n in g.params.ints]
+        )
+        return out
+    outer, red, inner = cg.reduce_layout(k)
+    chunk = max(1, math.ceil(red / 3))
+    chunks = max(1, math.ceil(red / chunk))
+    part, fold = cg.generate_split(k)
+    sizes = cg.size_args(part, k, shapes, strides)
+    sizes["chunk"] = chunk
+    outputs = outer * inner
+    ws = np.full(max(chunks * outputs, 1), 7, dtype=np.dtype(part.pointer_types[0]))
+    tiles = outer if inner == 1 else math.ceil(outputs / 32)
+    cuda.jit(cg.python_function(part))[(max(tiles, 1), chunks), cg.THREADS](
+        ws, *flats, *[sizes[n] for n in part.params.ints]
+    )
+    cuda.jit(cg.python_function(fold))[max(1, math.ceil(outputs / 32)), cg.THREADS](
+        flat, ws, outputs, chunks, red
+    )
+    return out
 
 
 def main() -> int:

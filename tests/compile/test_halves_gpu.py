@@ -143,3 +143,22 @@ def test_a_half_encoder_layer_runs_on_the_device(dtype):
     err = (got.cpu().float() - want).abs().max().item()
     # a few roundings of the half type through the layer (values are O(1) after the norm)
     assert err < {torch.float16: 1e-2, torch.bfloat16: 6e-2}[dtype], err
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_reductions_compile_to_float32_accumulators(dtype):
+    torch.manual_seed(5)
+    x = torch.randn(64, 300).to(dtype)
+
+    def f(x):
+        return x.sum(1), x.mean(0), x.amax(1) - x.amin(1)
+
+    _, got, recipe, fb = compile_last(f, x.to(GPU))
+    prog = recipe.program
+    assert prog.count("host") == 0 and recipe.last.crossings == 0, prog.to_text()
+    assert all(k.attrs.get("acc_dtype") == "f32" for k in prog.kernels if k.kind == "reduce")
+    assert saturn.fallback_counts() == fb
+    rtol, atol = TOL[dtype]
+    for g, w in zip(got, f(x.float()), strict=True):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.cpu(), w.to(dtype), rtol=rtol, atol=max(atol, rtol))

@@ -58,3 +58,19 @@ def test_nan_and_a_linear_layers_backward():
     lin(xs).sum().backward()
     assert saturn.fallback_counts().get("aten::sum.dim_IntList", 0) == before
     torch.testing.assert_close(dlin.bias.grad.cpu(), lin.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["rows (a bias gradient)", "long rows", "everything (split)"])
+def test_half_reductions_accumulate_in_float32_and_round_once(dtype, name):
+    make, op = CASES[name]
+    torch.manual_seed(8)
+    x = make().to(dtype)
+    want = op(x.float()).to(dtype)  # float32 accumulation, one rounding (PyTorch's)
+    before, count = saturn.fallback_counts(), er.REDUCTIONS
+    got = op(x.to(GPU))
+    assert saturn.fallback_counts() == before and er.REDUCTIONS == count + 1
+    assert got.dtype == dtype
+    # float32 sums in another order differ by float32 roundings, then one half rounding
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)

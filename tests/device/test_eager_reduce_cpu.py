@@ -16,6 +16,7 @@ from saturn import eager_reduce as er
 
 DEV = "saturn:0"
 NUMPY = {"f32": np.float32, "f64": np.float64}
+HALF = {"f16": torch.float16, "bf16": torch.bfloat16}
 REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
 
 
@@ -37,7 +38,8 @@ class HostReduce:
         self.k, self.launches = k, 0
 
     def view(self, ptr: int, shape, strides) -> np.ndarray:
-        dtype = NUMPY[self.k.dtype]
+        """The memory (half types: their 16-bit patterns) seen with shape and strides."""
+        dtype = NUMPY.get(self.k.dtype, np.int16)
         size = np.dtype(dtype).itemsize
         extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         base = np.frombuffer((ctypes.c_byte * (extent * size)).from_address(ptr), dtype=dtype)
@@ -49,7 +51,12 @@ class HostReduce:
         self.launches += 1
         assert workspace is not None and workspace(64) > 0
         x = self.view(in_ptrs[0], shapes[0], strides[0])
+        half = HALF.get(self.k.dtype)
+        if half is not None:  # widened into a float32 accumulator, as the kernel does
+            x = torch.from_numpy(x.copy()).view(half).float().numpy()
         value = REDUCE[self.k.attrs["reduce"]](x, axis=tuple(self.k.attrs["dims"]))
+        if half is not None:  # one rounding at the store
+            value = torch.from_numpy(np.asarray(value)).to(half).view(torch.int16).numpy()
         shape = tuple(self.k.shape)
         packed = [1] * len(shape)
         for d in range(len(shape) - 2, -1, -1):
@@ -146,3 +153,20 @@ def test_what_a_reduction_kernel_does_not_take(host_reduce):
     assert sum(saturn.fallback_counts().values()) == before + 3 and not host_reduce
     with pytest.raises(IndexError, match="Dimension out of range"):
         x.sum(5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_reductions_accumulate_in_float32(host_reduce, dtype):
+    torch.manual_seed(5)
+    x = torch.randn(6, 40).to(dtype)
+    before = saturn.fallback_counts()
+    got = [x.to(DEV).sum(1), x.to(DEV).mean(0), x.to(DEV).amax(1)]
+    assert saturn.fallback_counts() == before, "declined"
+    want = [x.float().sum(1), x.float().mean(0), x.float().amax(1)]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        assert torch.equal(g.cpu(), w.to(dtype))  # the stand-in sums as numpy does
+    code = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    for k in (h.k for h in host_reduce):
+        assert k.body == ("cast", ("in", 0), "f32") and k.attrs["acc_dtype"] == "f32"
+        assert k.epilogue == ("cast", ("in", 0), code)

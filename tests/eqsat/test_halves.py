@@ -106,13 +106,10 @@ def test_a_half_norm_is_the_float32_op_rounded_once(dtype, op):
     # op would round; as the float32 op of the widened input they run on the device
     text = f"(input x {dtype} [4 8])\n(input w {dtype} [8])\n(input b {dtype} [8])\n"
     c = compiled(text + f"(let r {op})\n(output r)\n")
-    ks = kernels(c)
-    assert ks and c.program.count("host") == 0
-    # every value in between is float32; only the result is rounded to the half type
-    inner = [k for k in ks if k.dtype != dtype]
-    assert inner and all(k.dtype == "f32" for k in inner)
-    (last,) = [k for k in ks if k.dtype == dtype]
-    assert last.body[0] == "cast" and casts(last.body) == 1
+    (k,) = kernels(c)  # one rows kernel: float32 stages, the result rounded once
+    assert k.kind == "rows" and c.program.count("host") == 0
+    assert all(st.dtype == "f32" for st in k.stages) and k.dtype == dtype
+    assert k.body[0] == "cast" and casts(k.body) == 1
     host = compiled(text + f"(let r {op})\n(output r)\n", machine="cpu-reference")
     assert not kernels(host) and host.program.count("host") == 1
 
@@ -123,14 +120,36 @@ def test_conversions_between_half_and_float32_run_on_the_device():
     assert k.kind == "loop" and c.program.count("host") == 0
 
 
-def test_a_float32_layer_norm_of_a_half_input_keeps_its_row_reductions_apart():
-    # the reductions read the half operand (widened exactly); rows kernels take no halves
+def test_a_float32_layer_norm_of_a_half_input_is_one_rows_kernel_reading_it():
+    # the row's stages read the half operand into float32 (widening is exact)
     text = """(input x bf16 [16 64])
 (input w f32 [64])
 (input b f32 [64])
 (let r (LayerNorm (Cast x f32) w b [1] 1e-5))
 (output r)
 """
-    ks = kernels(compiled(text))
-    assert "rows" not in [k.kind for k in ks]
-    assert any(k.kind == "reduce" and k.inputs[0].dtype == "bf16" for k in ks), ks
+    (k,) = kernels(compiled(text))
+    assert k.kind == "rows" and k.dtype == "f32" and k.inputs[0].dtype == "bf16"
+    assert [st.dtype for st in k.stages] == ["f32", "f32"]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Amax", "Amin"])
+def test_half_reductions_accumulate_in_float32_and_round_once(dtype, op):
+    c = compiled(f"(input x {dtype} [8 64])\n(let r ({op} x [1] 0))\n(output r)\n")
+    ks = kernels(c)
+    assert c.program.count("host") == 0
+    (red,) = [k for k in ks if k.kind == "reduce"]
+    assert red.inputs[0].dtype == dtype and red.attrs.get("acc_dtype", red.dtype) == "f32"
+    (last,) = [k for k in ks if k.dtype == dtype]
+    assert casts(last.body) + casts(last.epilogue) == 1
+    host = compiled(
+        f"(input x {dtype} [8 64])\n(let r ({op} x [1] 0))\n(output r)\n", "cpu-reference"
+    )
+    assert not kernels(host)
+
+
+def test_a_half_product_reduction_stays_on_the_host():
+    # no float32 form for prod: PyTorch's half prod is not asserted to widen (declines)
+    c = compiled("(input x bf16 [8 64])\n(let r (Prod x [1] 0))\n(output r)\n")
+    assert not kernels(c) and c.program.count("host") == 1
