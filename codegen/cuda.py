@@ -56,7 +56,7 @@ NUMBA_SCALAR = {
 MEMORY_TYPE = {**NUMBA_SCALAR, "bool": "uint8", "f16": "float16", "bf16": "uint16"}
 # Half-precision dtypes: loops load them into float32, compute in float32 (as PyTorch's GPU
 # kernels do, its "opmath" type) and round once when they store.
-HALVES = ("f16", "bf16")
+HALVES = ot.HALVES
 
 
 def compute_dtype(dtype: str) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from saturn.codegen import cuda as cg
+from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached, is_non_overlapping_and_dense
@@ -31,7 +32,6 @@ from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 _DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
-_HALVES = ("f16", "bf16")
 _PLANS: dict[tuple, tuple | None] = {}
 REDUCTIONS = 0  # reductions run as saturn kernels
 
@@ -82,7 +82,7 @@ def _plan(kind: str, x: torch.Tensor, dims: tuple[int, ...]):
     out_shape = tuple(x.shape[a] for a in kept)
     code = _DTYPES[x.dtype]
     op = Operand("in0", code, domain, indexing)
-    half = code in _HALVES  # a float32 accumulator, the result rounded once at the store
+    half = code in HALVES  # a float32 accumulator, the result rounded once at the store
     k = Kernel(
         "reduce",
         "out",

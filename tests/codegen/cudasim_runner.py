@@ -154,11 +154,7 @@ def run_kernel(step, arrays, narrow: bool = False):
     sizes = cg.size_args(g, k, shapes, strides)
     # few blocks for loops (sm_count 1/8): threads stride through vectors and the tail
     blocks, threads = cg.grid_for(g, sizes, sm_count=0.125)
-    out = np.full(
-        max(math.prod(step.shape), 1),
-        np.nan if step.dtype in ("f32", "f64") else 7,
-        dtype=ev.np_dtype(step.dtype),
-    )  # poisoned
+    out = _poisoned(step)
     flats = []
     for a in arrays:
         # the kernel sees the operand's memory from its first element, with its strides
@@ -193,15 +189,21 @@ def run_split(step, arrays, chunks: int = 3):
     cuda.jit(cg.python_function(part))[(max(tiles, 1), chunks), cg.THREADS](
         ws, *flats, *[sizes[n] for n in part.params.ints]
     )
-    out = np.full(
-        max(math.prod(step.shape), 1),
-        np.nan if step.dtype in ("f32", "f64") else 7,
-        dtype=ev.np_dtype(step.dtype),
-    )
+    out = _poisoned(step)
     cuda.jit(cg.python_function(fold))[max(1, math.ceil(outputs / 32)), cg.THREADS](
         out, ws, outputs, chunks, red
     )
     return out.reshape(step.shape)
+
+
+def _poisoned(step) -> np.ndarray:
+    """The output's memory, filled with a value no kernel writes by accident (NaN for
+    floats; bfloat16 is held as its 16-bit patterns, which numpy has no type for)."""
+    n = max(math.prod(step.shape), 1)
+    if step.dtype == "bf16":
+        return np.full(n, 0x7FC1, dtype=np.uint16)  # a NaN no rounding produces
+    nan = step.dtype in ("f16", "f32", "f64")
+    return np.full(n, np.nan if nan else 7, dtype=ev.np_dtype(step.dtype))
 
 
 def _strided(a) -> bool:
@@ -466,10 +468,8 @@ def run_halves() -> int:
             # split: the column case (a row split runs 256 simulated threads per chunk;
             # the float32-result cases above cover it)
             for split in (False, True) if axis == 0 else (False,):
-                mem = np.zeros(k.shape, np.uint16 if dtype == "bf16" else np.float16)
-                step.kernel = k
                 arrays = [to_memory(hv, dtype).reshape(6, 50)]
-                out = _half_launch(step, arrays, split, mem)
+                out = (run_split if split else run_kernel)(step, arrays)
                 how = " split" if split else ""
                 check(f"{dtype} {op}{how} over axis {axis}", from_memory(out, dtype), want)
         # half softmax, log_softmax and layer norm as compiled: rows kernels reading the
@@ -507,48 +507,12 @@ def run_halves() -> int:
             order = {s.output: s.op for s in prog.steps if s.kind == "input"}
             arrays = [to_memory(by_name[order[o.value]], dtype) for o in k.inputs]
             step = Step("kernel", "out", dtype=dtype, shape=k.shape, kernel=k)
-            mem = np.zeros(k.shape, np.uint16 if dtype == "bf16" else np.float16)
-            got = from_memory(_half_launch(step, arrays, False, mem), dtype).float()
+            got = from_memory(run_kernel(step, arrays), dtype).float()
             want = ref(hx, hw, hb)
             ok = torch.allclose(got, want, rtol=tol, atol=tol)
             print(f"{'ok' if ok else 'FAIL'} half {dtype} rows {op} x {cols}")
             failures += not ok
     return failures
-
-
-def _half_launch(step, arrays, split: bool, out: np.ndarray) -> np.ndarray:
-    """A kernel with a half-type result under the simulator into ``out``; a reduction
-    whole or split (run_kernel and run_split allocate numpy-typed outputs, which bfloat16
-    has none of)."""
-    k = step.kernel
-    shapes = [a.shape for a in arrays]
-    strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
-    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    flat = out.reshape(-1)
-    if not split:
-        g = cg.generate(k)
-        sizes = cg.size_args(g, k, shapes, strides)
-        blocks, threads = cg.grid_for(g, sizes, sm_count=0.125)
-        cuda.jit(cg.python_function(g))[blocks, threads](
-            flat, *flats, *[sizes[n] for n in g.params.ints]
-        )
-        return out
-    outer, red, inner = cg.reduce_layout(k)
-    chunk = max(1, math.ceil(red / 3))
-    chunks = max(1, math.ceil(red / chunk))
-    part, fold = cg.generate_split(k)
-    sizes = cg.size_args(part, k, shapes, strides)
-    sizes["chunk"] = chunk
-    outputs = outer * inner
-    ws = np.full(max(chunks * outputs, 1), 7, dtype=np.dtype(part.pointer_types[0]))
-    tiles = outer if inner == 1 else math.ceil(outputs / 32)
-    cuda.jit(cg.python_function(part))[(max(tiles, 1), chunks), cg.THREADS](
-        ws, *flats, *[sizes[n] for n in part.params.ints]
-    )
-    cuda.jit(cg.python_function(fold))[max(1, math.ceil(outputs / 32)), cg.THREADS](
-        flat, ws, outputs, chunks, red
-    )
-    return out
 
 
 def main() -> int:
