@@ -665,8 +665,10 @@ def reuse_written(prog: Program) -> Program:
     recomputing the first); this pass undoes that after the fact. Exact: the written value
     is the graph's value for that node, the one the recomputation approximates. It also
     frees the producer's own reductions (read now by the producer alone) for ``fuse_rows``.
-    GPU programs (run before ``fuse_rows``). Float32 and float64 producers only: a
-    narrower output is rounded when written, which a recomputation would not be."""
+    GPU programs (run before ``fuse_rows``). Float32 and float64 producers, and narrower
+    ones whose body ends in the rounding to their own type (the half types' ops, placed
+    with their rounding): any other narrower output is rounded when written, which a
+    recomputation would not be."""
     patterns: dict[tuple, Step] = {}  # (domain, canonical body) -> the loop writing it
     for s in prog.steps:
         k = s.kernel
@@ -676,7 +678,7 @@ def reuse_written(prog: Program) -> Program:
             _read_written(s, patterns)
         if (
             k.kind == "loop"
-            and k.dtype in ("f32", "f64")
+            and (k.dtype in ("f32", "f64") or (k.body[0] == "cast" and k.body[2] == k.dtype))
             and k.body[0] not in ("in", "stage", "const")
             and tuple(k.shape) == tuple(k.domain)
         ):

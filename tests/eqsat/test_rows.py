@@ -108,6 +108,42 @@ def test_a_norm_reads_the_written_norm_instead_of_recomputing_it():
     check_values(graph, prog)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_half_norms_read_the_written_norm_rounded_in_its_body(dtype):
+    """In a half type each op is placed with its rounding, so the first norm's body ends in
+    the rounding to its own type: the written value is the recomputed one, bit for bit, and
+    the second norm reads it. Each norm is one rows kernel."""
+    graph, prog = program(TWO_NORMS.replace("f32", dtype))
+    assert kinds(prog) == ["rows", "gemm", "rows"], prog.to_text()
+    first, _, second = prog.kernels
+    assert first.body[0] == "cast" and first.body[2] == dtype
+    assert first.output in [o.value for o in second.inputs]
+    assert "x" not in [o.value for o in second.inputs]
+    if dtype == "f16":  # the numpy evaluator has no bfloat16
+        check_values(graph, prog)
+
+
+def test_reading_a_half_value_declines_where_the_store_rounds():
+    """A bfloat16 loop whose body is not rounded to bfloat16 in the expression (here a float32
+    sum) is rounded when written: the written value is not the recomputed one, so a second
+    loop recomputing the sum keeps recomputing it."""
+    from saturn.eqsat.program import Kernel, Operand, Program, Step, reuse_written
+
+    x = Operand("x", "bf16", (8, 32), "same")
+    y = Operand("y", "bf16", (8, 32), "same")
+    wide = ("add", ("cast", ("in", 0), "f32"), ("cast", ("in", 1), "f32"))
+    p = Kernel("loop", "p", "bf16", (8, 32), [x, y], wide, (8, 32))
+    q = Kernel("loop", "q", "f32", (8, 32), [x, y], ("exp", wide), (8, 32))
+    steps = [Step("kernel", k.output, "loop", ("x", "y"), kernel=k) for k in (p, q)]
+    reuse_written(Program(steps, ["p", "q"], {}))
+    assert [o.value for o in q.inputs] == ["x", "y"] and q.body == ("exp", wide)
+    # rounded in the body, the sum is read back: 512 B of operands instead of 1 KiB
+    p.body = ("cast", wide, "bf16")
+    q.body = ("exp", ("cast", ("cast", wide, "bf16"), "f32"))
+    reuse_written(Program(steps, ["p", "q"], {}))
+    assert [o.value for o in q.inputs] == ["p"]
+
+
 def test_reading_the_written_value_declines_where_it_reads_more():
     """A second loop recomputing a cheap broadcast expression (a row's bias times a scalar)
     keeps recomputing it: reading the written full-size value would read more bytes."""
