@@ -47,6 +47,12 @@ _LOCK = threading.Lock()
 _LIBS: dict[str, torch.library.Library] = {}
 
 
+def count_fallback(name: str) -> None:
+    """Count a call of ``name`` that did not run its own implementation."""
+    with _LOCK:
+        _COUNTS[name] += 1
+
+
 class CustomOpError(ValueError):
     """A custom op definition saturn refuses; the message names the op."""
 
@@ -106,8 +112,7 @@ class CustomOp:
 
     def cpu_impl(self, *args):
         """CPU tensors: the kernel cannot run there, so the reference does (counted)."""
-        with _LOCK:
-            _COUNTS[self.name] += 1
+        count_fallback(self.name)
         return self.reference(*args)
 
     @property
@@ -122,8 +127,7 @@ class CustomOp:
     def run_reference(self, *args):
         """The reference on host copies, the result back where the inputs were; what it
         wrote into a mutated argument is copied back into the caller's tensor."""
-        with _LOCK:
-            _COUNTS[self.name] += 1
+        count_fallback(self.name)
         dev = next(a.device for a in args if isinstance(a, torch.Tensor))
         host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
         out = self.reference(*host)

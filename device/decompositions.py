@@ -11,6 +11,8 @@ from torch._decomp import core_aten_decompositions
 
 from saturn.eqsat import optable as ot
 
+from .fused_attention import fused_attention_takes, unfused
+
 
 def kept_whole() -> set[str]:
     """ATen overloads saturn imports as one op (e.g. ``aten.gelu.default``)."""
@@ -60,9 +62,12 @@ def transformer_encoder_layer_fwd(
         q, k, v = (
             qkv[..., i * e : (i + 1) * e].reshape(b, s, h, d).transpose(1, 2) for i in range(3)
         )
-        q = q * (1.0 / d**0.5)  # scaled before the product, as the fused kernel does
-        p = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
-        o = (p @ v).transpose(1, 2).reshape(b, s, e)
+        scale = 1.0 / d**0.5  # q is scaled before the product, as the fused kernels do
+        if fused_attention_takes(q, k, v):  # one cuDNN kernel (half types on a GPU)
+            o = torch.ops.saturn.attention(q, k, v, scale)
+        else:
+            o = unfused(q, k, v, scale)
+        o = o.transpose(1, 2).reshape(b, s, e)
         return f.linear(o, proj_weight, proj_bias)
 
     def feed_forward(x):

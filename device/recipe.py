@@ -42,6 +42,14 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     )
 
 
+def torch_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the memory of a CPU or saturn:0 tensor (no copy); bfloat16, which
+    numpy lacks, through its 16-bit words."""
+    if t.dtype == torch.bfloat16:
+        return torch.from_numpy(numpy_view(t.view(torch.int16))).view(torch.bfloat16)
+    return torch.from_numpy(numpy_view(t))
+
+
 def const_tensor(s: Step) -> torch.Tensor:
     """The host tensor of a ``const`` step: a scalar (its float64 bits, in its dtype) or an
     ``Arange`` (the op table's values)."""
@@ -266,8 +274,8 @@ class Recipe:
                 arrays.append(numpy_view(t))
             cpu.run(k, numpy_view(out), arrays)
             return out
-        cpu_in = [torch.from_numpy(numpy_view(t)) for t in operands]
-        dest = torch.from_numpy(numpy_view(out))
+        cpu_in = [torch_view(t) for t in operands]
+        dest = torch_view(out)
         if k.kind == "gemm":
             r = torch.matmul(cpu_in[0], cpu_in[1])
             epi = k.attrs["epilogue"]

@@ -131,8 +131,8 @@ def test_a_half_softmax_is_the_float32_softmax_rounded_once(dtype):
 
 @pytest.mark.parametrize("dtype", HALVES)
 def test_a_half_encoder_layer_runs_on_the_device(dtype):
-    """Attention's products, softmax and the layer norms as float32 ops of the widened
-    values rounded once (as PyTorch computes them): nothing on the host."""
+    """Attention as one fused cuDNN kernel, the layer norms as float32 rows kernels of the
+    widened values rounded once (as PyTorch computes them): nothing on the host."""
     torch.manual_seed(4)
     layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
     layer = layer.to(dtype).eval()
@@ -140,11 +140,19 @@ def test_a_half_encoder_layer_runs_on_the_device(dtype):
     with torch.no_grad():
         want = layer(x).float()
         layer.to(GPU)
-        _, got, recipe, fb = compile_last(layer, x.to(GPU))
+        cfb = saturn.custom_ops.fallback_counts()
+        cfn, got, recipe, fb = compile_last(layer, x.to(GPU))
+        again = cfn(x.to(GPU))  # replayed
+    assert torch.equal(again.cpu(), got.cpu())
     prog = recipe.program
     assert prog.count("host") == 0 and recipe.last.crossings == 0, prog.to_text()
     assert "gemm" in [k.kind for k in prog.kernels]
+    # attention is one fused cuDNN kernel: no scores, no softmax of them
+    fused = [k for k in prog.kernels if k.kind == "custom" and "attention" in k.attrs["name"]]
+    assert len(fused) == 1, prog.to_text()
+    assert [k.kind for k in prog.kernels].count("rows") == 2  # the two layer norms
     assert saturn.fallback_counts() == fb
+    assert saturn.custom_ops.fallback_counts() == cfb
     err = (got.cpu().float() - want).abs().max().item()
     # a few roundings of the half type through the layer (values are O(1) after the norm)
     assert err < {torch.float16: 1e-2, torch.bfloat16: 6e-2}[dtype], err

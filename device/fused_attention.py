@@ -1,0 +1,102 @@
+"""``saturn::attention(q, k, v, scale)``: ``softmax(scale * q @ k^T) @ v`` over [B, H, S, D]
+saturn tensors, as one fused cuDNN kernel on a GPU (``codegen/attention.py``).
+
+It is a saturn custom op with a host function: compiled graphs place it on the device as one
+``Custom`` step (captured and replayed with the rest), eager calls run it directly. The
+encoder layer's fast path (``decompositions.py``) calls it for float16 and bfloat16 on a GPU
+where the fused kernel takes the operands (``fused_attention_takes``), and writes the
+unfused product otherwise, so float32 attention stays the product, softmax and product it
+was. The reference is that unfused product (the CPU, saturn:0, and layouts cuDNN refuses at
+run time, counted as fallbacks and logged)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from saturn.codegen.attention import AttentionError, AttentionPlan, check_operands
+from saturn.codegen.gemm import Layout
+
+from .custom_ops import count_fallback, custom_op
+from .importer import DTYPES
+
+log = logging.getLogger("saturn")
+
+_PLANS: dict[tuple, tuple[AttentionPlan, torch.Tensor] | str] = {}
+_LOCK = threading.Lock()
+
+
+def _layout(t: torch.Tensor) -> Layout:
+    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def unfused(q, k, v, scale: float):
+    """The product, softmax and product (q scaled first, as the fused kernel scales it)."""
+    return torch.softmax((q * scale) @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def _reference(q, k, v, scale: float):
+    return unfused(q, k, v, scale)
+
+
+def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
+    """Whether the fused kernel takes these operands (real or fake tensors): saturn GPU
+    tensors, a half type, the layouts ``check_operands`` accepts."""
+    if any(t.device.type != "saturn" or t.device.index < 1 for t in (q, k, v)):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4 or v.dim() != 4:
+        return False
+    if v.shape[-1] != q.shape[-1]:  # a custom op's output is typed like its first operand
+        return False
+    out = Layout(DTYPES[q.dtype], tuple(q.shape), _packed(q.shape))
+    try:
+        check_operands(_layout(q), _layout(k), _layout(v), out)
+    except AttentionError:
+        return False
+    return True
+
+
+def _packed(shape) -> tuple[int, ...]:
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _run(out: torch.Tensor, q, k, v, scale: float) -> None:
+    index = out.device.index
+    key = (index, *(_layout(t) for t in (q, k, v, out)), float(scale))
+    with _LOCK:
+        have = _PLANS.get(key)
+        if have is None:
+            stream = torch.saturn.stream_handle(index)
+            try:
+                with torch.saturn.device(index):
+                    plan = AttentionPlan(*key[1:5], float(scale), stream)
+                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=out.device)
+                have = (plan, ws)
+            except AttentionError as e:
+                log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
+                have = str(e)
+            _PLANS[key] = have
+    if isinstance(have, str):  # refused: the unfused product, on the device where it can
+        count_fallback(attention.name)
+        with torch.saturn.device(index):
+            out.copy_(unfused(q, k, v, scale))
+        return
+    plan, ws = have
+    with torch.saturn.device(index):
+        plan.run((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()), ws.data_ptr())
+
+
+attention = custom_op(
+    "saturn::attention",
+    "(Tensor q, Tensor k, Tensor v, float scale) -> Tensor",
+    reference=_reference,
+    dtypes=(torch.float16, torch.bfloat16),
+    host=_run,
+    when=fused_attention_takes,
+)
