@@ -1,6 +1,9 @@
-"""Vector loads and stores for CUDA kernels: ``vload{2,4}(ptr, i)`` reads elements
-``i .. i+L-1`` of a typed pointer as one ``ld.global.v{L}`` instruction, ``vstore{2,4}(ptr,
-i, *values)`` writes them as one ``st.global.v{L}``.
+"""Vector loads and stores for CUDA kernels: ``vload{2,4,8}(ptr, i)`` reads elements
+``i .. i+L-1`` of a typed pointer as one ``ld.global.v{L}`` instruction, ``vstore{2,4,8}(ptr,
+i, *values)`` writes them as one ``st.global.v{L}``. Eight 2-byte elements (the half types'
+16 bytes) move as four 32-bit words, two elements each (the lower address in the low half:
+the GPU is little-endian), since LLVM splits an eight-lane 16-bit vector into two 8-byte
+accesses.
 
 Numba loads arrays, records and its vector types element by element and cannot declare a
 pointer's alignment, so a float32 kernel never issues a 16-byte access. These intrinsics emit
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from numba import config
 
-__all__ = ["vload2", "vload4", "vstore2", "vstore4"]
+__all__ = ["vload2", "vload4", "vload8", "vstore2", "vstore4", "vstore8"]
 
 
 def _simulated():
@@ -35,7 +38,14 @@ def _simulated():
         a[i + 2] = v2
         a[i + 3] = v3
 
-    return vload2, vload4, vstore2, vstore4
+    def vload8(a, i):
+        return tuple(a[i + k] for k in range(8))
+
+    def vstore8(a, i, *v):
+        for k in range(8):
+            a[i + k] = v[k]
+
+    return vload2, vload4, vload8, vstore2, vstore4, vstore8
 
 
 def _compiled():
@@ -58,23 +68,57 @@ def _compiled():
             def codegen(context, builder, sig, args):
                 p, i = args
                 i = context.cast(builder, i, sig.args[1], types.int64)
-                vp, elem = _vector_ptr(context, builder, sig.args[0], p, i, lanes)
+                elem = context.get_value_type(sig.args[0].dtype)
                 size = context.get_abi_sizeof(elem)
-                vec = builder.load(vp, align=lanes * size)
-                vals = [
-                    builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
-                    for k in range(lanes)
-                ]
+                if lanes == 8 and size == 2:
+                    vals = _load_words(builder, p, i, elem)
+                else:
+                    vp, _ = _vector_ptr(context, builder, sig.args[0], p, i, lanes)
+                    vec = builder.load(vp, align=lanes * size)
+                    vals = [
+                        builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
+                        for k in range(lanes)
+                    ]
                 return context.make_tuple(builder, sig.return_type, vals)
 
             return ret(ptr, idx), codegen
 
         return vload
 
+    i32 = ir.IntType(32)
+
+    def _load_words(builder, p, i, elem):
+        """Eight 16-bit elements as one 16-byte load of four words."""
+        vp = builder.bitcast(builder.gep(p, [i]), ir.VectorType(i32, 4).as_pointer())
+        vec = builder.load(vp, align=16)
+        vals = []
+        for k in range(4):
+            w = builder.extract_element(vec, ir.Constant(i32, k))
+            vals.append(builder.trunc(w, elem))
+            vals.append(builder.trunc(builder.lshr(w, ir.Constant(i32, 16)), elem))
+        return vals
+
+    def _store_words(builder, p, i, vals):
+        vp = builder.bitcast(builder.gep(p, [i]), ir.VectorType(i32, 4).as_pointer())
+        vec = ir.Constant(ir.VectorType(i32, 4), ir.Undefined)
+        for k in range(4):
+            lo = builder.zext(vals[2 * k], i32)
+            hi = builder.shl(builder.zext(vals[2 * k + 1], i32), ir.Constant(i32, 16))
+            vec = builder.insert_element(vec, builder.or_(lo, hi), ir.Constant(i32, k))
+        builder.store(vec, vp, align=16)
+
     def store_codegen(lanes: int):
         def codegen(context, builder, sig, args):
             p, i, vals = args[0], args[1], args[2:]
             i = context.cast(builder, i, sig.args[1], types.int64)
+            elem = context.get_value_type(sig.args[0].dtype)
+            if lanes == 8 and context.get_abi_sizeof(elem) == 2:
+                cast = [
+                    context.cast(builder, v, t, sig.args[0].dtype)
+                    for v, t in zip(vals, sig.args[2:], strict=True)
+                ]
+                _store_words(builder, p, i, cast)
+                return context.get_dummy_value()
             vp, elem = _vector_ptr(context, builder, sig.args[0], p, i, lanes)
             vec = ir.Constant(ir.VectorType(elem, lanes), ir.Undefined)
             for k, (v, t) in enumerate(zip(vals, sig.args[2:], strict=True)):
@@ -100,7 +144,15 @@ def _compiled():
             return None
         return types.none(ptr, idx, v0, v1, v2, v3), store_codegen(4)
 
-    return make_load(2), make_load(4), vstore2, vstore4
+    @intrinsic
+    def vstore8(typingctx, ptr, idx, v0, v1, v2, v3, v4, v5, v6, v7):
+        if not _store_ok(ptr, idx):
+            return None
+        return types.none(ptr, idx, v0, v1, v2, v3, v4, v5, v6, v7), store_codegen(8)
+
+    return make_load(2), make_load(4), make_load(8), vstore2, vstore4, vstore8
 
 
-vload2, vload4, vstore2, vstore4 = _simulated() if config.ENABLE_CUDASIM else _compiled()
+vload2, vload4, vload8, vstore2, vstore4, vstore8 = (
+    _simulated() if config.ENABLE_CUDASIM else _compiled()
+)

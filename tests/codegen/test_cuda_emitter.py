@@ -110,6 +110,26 @@ def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\bdiv\.u32\b", narrow)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_half_loops_and_row_copies_move_16_bytes_per_access(dtype):
+    """Eight half elements per vector step, as four 32-bit words (LLVM would split an
+    eight-lane 16-bit vector in two 8-byte accesses); a mixed loop reading float32 stays at
+    four lanes. The values are checked under the simulator (cudasim_runner) and on the GPU."""
+    (k,) = kernels_of(f"(input x {dtype} [64 256])\n(let r (Tanh (Add x x)))\n(output r)\n")
+    g = cg.generate(k)
+    assert g.lanes == 8 and all(a == 16 for _, a in g.aligned)
+    ptx = cg.ptx(g, (9, 0))
+    assert "ld.global.v4.u32" in ptx and "st.global.v4.u32" in ptx
+    assert not re.search(r"\.v4\.u16\b", ptx)
+    copy = cg.ptx(cg.generate_row_copy(2, 4, True), (9, 0))
+    assert "ld.global.v4.u32" in copy and "st.global.v4.u32" in copy
+    (k,) = kernels_of(
+        f"(input x {dtype} [64 256])\n(input y f32 [64 256])\n"
+        "(let r (Add (Cast x f32) y))\n(output r)\n"
+    )
+    assert cg.generate(k).lanes == 4
+
+
 def test_fma_and_ne_compile_to_ptx():
     """The float32 Fma computes in float64 (its one rounding), and Ne of floats is a
     not-equal comparison that is true for NaN (an unordered compare)."""
