@@ -273,6 +273,16 @@ def store_expr(dtype: str, value: str) -> str:
     return f"{t}({value})"
 
 
+def stored_body(body: tuple, dtype: str) -> tuple:
+    """The expression a kernel stores as ``dtype``: a body ending in the rounding to that
+    half type stores the rounding's operand, since the store rounds it to the same bits
+    (rounding is idempotent and keeps infinities; a NaN becomes the same quiet NaN either
+    way): one rounding per element instead of a rounding and a store."""
+    if dtype in HALVES and body[0] == "cast" and body[2] == dtype:
+        return body[1]
+    return body
+
+
 def _store(k: Kernel, index: str, value: str) -> str:
     return f"out[{index}] = {store_expr(k.dtype, value)}"
 
@@ -415,7 +425,7 @@ def _loop_vector_step(
             w = BodyWriter(
                 lambda i, u=u: f"in{i}_v{u}", lambda i: compute_dtype(k.inputs[i].dtype), f"u{u}"
             )
-            res, _ = w.emit(k.body)
+            res, _ = w.emit(stored_body(k.body, k.dtype))
             lines += [ind2 + ln for ln in w.lines]
             results.append(store_expr(k.dtype, res))
         return [*lines, f"{ind2}vstore{lanes}(out, j, {', '.join(results)})"]
@@ -463,7 +473,7 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tup
         lines += _loop_vector_step(k, lanes, rank, dnames, ind, narrow)
         lines += [f"{ind}i += step", f"    i = nv * {lanes} + cuda.grid(1)"]
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
-    result, _ = body.emit(k.body)
+    result, _ = body.emit(stored_body(k.body, k.dtype))
     lines.append("    while i < n:")
     lines += reads + [ind + ln for ln in body.lines]
     lines.append(ind + _store(k, "i", result))
@@ -814,7 +824,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             lines += ["        " + b for b in w.lines]
         lines.append(f"        st{j} = {NUMBA_TYPE[st.dtype]}({value})")
         stage_vars.append((f"st{j}", st.dtype))
-    body_lines, results = bodies(k.body, "")
+    body_lines, results = bodies(stored_body(k.body, k.dtype), "")
     lines += step_head() + reads(k.body) + body_lines
     if lanes > 1:
         stored = ", ".join(store_expr(k.dtype, v) for v in results)

@@ -130,6 +130,19 @@ def test_half_loops_and_row_copies_move_16_bytes_per_access(dtype):
     assert cg.generate(k).lanes == 4
 
 
+def test_a_body_rounded_to_the_stored_half_type_rounds_once():
+    """``(cast e bf16)`` stored as bfloat16 stores ``e``: the store rounds it to the same bits
+    (bit for bit under the simulator's half cases, special values included). A cast to
+    another type, or a body that is not a cast, is stored as it is."""
+    e = ("tanh", ("in", 0))
+    assert cg.stored_body(("cast", e, "bf16"), "bf16") == e
+    assert cg.stored_body(("cast", e, "f16"), "f16") == e
+    assert cg.stored_body(("cast", e, "f32"), "f32") == ("cast", e, "f32")
+    assert cg.stored_body(e, "bf16") == e
+    (k,) = kernels_of("(input x bf16 [64 256])\n(let r (Tanh x))\n(output r)\n")
+    assert k.body[0] == "cast" and "= bf16_round(" not in cg.generate(k).source
+
+
 def test_fma_and_ne_compile_to_ptx():
     """The float32 Fma computes in float64 (its one rounding), and Ne of floats is a
     not-equal comparison that is true for NaN (an unordered compare)."""

@@ -50,8 +50,10 @@ def test_block_matches_eager_and_replays(name):
     lib = "conv" if name.startswith("resnet") else "gemm"
     assert lib in kinds, kinds
     # float32 attention is not fused (cuDNN's fused kernel takes half types): the products
-    # and the softmax run as they always did
-    assert "custom" not in kinds, kinds
+    # and the softmax run as they always did (other custom steps may come from custom ops
+    # earlier tests defined, which replace ATen ops for the rest of the process)
+    fused = [k for k in prog.kernels if k.kind == "custom" and "attention" in k.attrs["name"]]
+    assert not fused, prog.to_text()
     # every GEMM and convolution on the device, nothing on the host, no crossing: the input
     # and the output are saturn tensors already
     assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()

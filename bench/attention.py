@@ -1,0 +1,56 @@
+"""Attention on saturn GPU tensors: ``saturn::attention`` (one cuDNN kernel, decision 0033)
+against PyTorch's ``scaled_dot_product_attention`` on CUDA tensors, bfloat16, eager, in one
+process. (saturn's unfused eager product is not timed: its softmax is the CPU fallback.)
+
+What is timed: wall time of one call plus a device synchronize, median of REPEATS calls
+after warm-up (the first call of a layout plans), q, k, v as [B, H, S, D] views of one
+packed [B, S, 3 H D] projection (an encoder's heads, read in place by both kernels).
+
+    python bench/attention.py            (on a GPU machine)
+"""
+
+from __future__ import annotations
+
+import torch
+from timing import median_us  # bench/timing.py (this script's folder)
+
+import saturn  # noqa: F401
+
+GPU = "saturn:1"
+SHAPES = ((8, 128, 8, 64), (32, 512, 8, 128), (4, 2048, 16, 64))  # B, S, H, D
+REPEATS = 30
+
+
+def heads(proj: torch.Tensor, b: int, s: int, h: int, d: int):
+    return [
+        proj[..., i * h * d : (i + 1) * h * d].reshape(b, s, h, d).transpose(1, 2) for i in range(3)
+    ]
+
+
+def row(b: int, s: int, h: int, d: int) -> str:
+    torch.manual_seed(0)
+    proj = torch.randn(b, s, 3 * h * d).to(torch.bfloat16)
+    cq, ck, cv = heads(proj.cuda(), b, s, h, d)
+    sq, sk, sv = heads(proj.to(GPU), b, s, h, d)
+    scale = d**-0.5
+
+    def torch_call():
+        return torch.nn.functional.scaled_dot_product_attention(cq, ck, cv, scale=scale)
+
+    def fused_call():
+        return torch.ops.saturn.attention(sq, sk, sv, scale)
+
+    t_torch = median_us(torch_call, torch.cuda.synchronize, REPEATS)
+    t_fused = median_us(fused_call, lambda: torch.saturn.synchronize(GPU), REPEATS)
+    err = (fused_call().cpu().float() - torch_call().cpu().float()).abs().max().item()
+    return f"{f'{b}x{s}x{h}x{d}':>18s} {t_torch:14.1f} {t_fused:16.1f} {err:20.2e}"
+
+
+if __name__ == "__main__":
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(
+        f"{'B x S x H x D':>18s} {'torch CUDA us':>14s} {'saturn fused us':>16s} "
+        f"{'max |fused - torch|':>20s}"
+    )
+    for shape in SHAPES:
+        print(row(*shape))
