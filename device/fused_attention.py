@@ -39,7 +39,8 @@ def unfused(q, k, v, scale: float):
 
 def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
     """Whether the fused kernel takes these operands (real or fake tensors): saturn GPU
-    tensors, a half type, the layouts ``check_operands`` accepts."""
+    tensors, a half type, the layouts ``check_operands`` accepts. Any scale is taken (the
+    parameter is there because a custom op's ``when`` receives every argument)."""
     if any(t.device.type != "saturn" or t.device.index < 1 for t in (q, k, v)):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4 or v.dim() != 4:
@@ -78,7 +79,8 @@ def _run(out: torch.Tensor, q, k, v, scale: float) -> None:
                 log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
                 have = str(e)
             _PLANS[key] = have
-    if isinstance(have, str):  # refused: the unfused product, on the device where it can
+    if isinstance(have, str):  # refused: the unfused product through saturn's eager ops
+        # (products through cuBLASLt; the softmax through the counted CPU fallback)
         count_fallback(attention.name)
         with torch.saturn.device(index):
             out.copy_(unfused(q, k, v, scale))
