@@ -20,9 +20,16 @@ torch._register_device_module("saturn", device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
-# registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs, and the
-# custom op saturn::attention (fused_attention)
-from . import eager_kernels, eager_matmul, eager_pointwise, eager_reduce, fused_attention  # noqa: E402, F401
+# registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
+# convolutions (on the host), and the custom op saturn::attention (fused_attention)
+from . import (  # noqa: E402, F401
+    eager_conv,
+    eager_kernels,
+    eager_matmul,
+    eager_pointwise,
+    eager_reduce,
+    fused_attention,
+)
 from .custom_ops import custom_op  # noqa: E402
 from .explain import explain  # noqa: E402
 

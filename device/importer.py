@@ -210,9 +210,13 @@ class _Importer:
         name = f"{spelled}#{node.name}"
         self.host_calls[name] = HostCall(spelled, args, kwargs)
         val = _meta(node)
-        first = val[0] if isinstance(val, list | tuple) else val
-        if isinstance(val, list | tuple) and not isinstance(first, torch.Tensor):
-            raise UnsupportedError(f"{node.name} returns a tuple without a leading tensor")
+        first = val
+        if isinstance(val, list | tuple):
+            # the step's own type is its first tensor's; an entry may be None (a gradient
+            # the graph does not need), its readers' Items carry their types
+            first = next((t for t in val if isinstance(t, torch.Tensor)), None)
+            if first is None:
+                raise UnsupportedError(f"{node.name} returns a tuple without a tensor")
         dtype, shape = _tensor_type(node, first)
         return self.add(Node(node.name, "Opaque", tuple(slots), (name,), dtype, shape), node.name)
 

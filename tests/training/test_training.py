@@ -86,6 +86,32 @@ def test_transformer_encoder_layer_trains_like_eager(dev):
             assert g.recipe.runner.replays > 0
 
 
+def test_conv_net_trains_like_eager(dev):
+    """The input needs no gradient, so the backward's convolution_backward returns None in
+    its first position (a host step whose tuple starts with None); both graphs compile."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3, stride=2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 3 * 3, 5),
+    )
+    data = [(torch.randn(4, 3, 14, 14), torch.randn(4, 5)) for _ in range(2)]
+    fallbacks = len(backend.CACHE.fallbacks)
+    ref = train(model, data, 30, None, compiled=False)
+    got = train(model, data, 30, dev, compiled=True)
+    assert_parameters_match(ref, got)
+    assert backend.CACHE.fallbacks[fallbacks:] == []
+    graphs = [g for g in backend.CACHE.items.values() if g.recipe.device == torch.device(dev)]
+    calls = graphs[-1].imported.host_calls.values()
+    masks = [c.args[-1] for c in calls if c.target == "aten.convolution_backward.default"]
+    # the first layer's call computes no input gradient: its result tuple starts with None
+    assert [("c", False), ("c", True), ("c", True)] in masks
+
+
 def test_swapped_or_dropped_gradient_position_is_caught():
     torch._dynamo.reset()
     torch.manual_seed(0)
