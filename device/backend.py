@@ -22,6 +22,7 @@ from saturn.eqsat.errors import EqsatError
 from saturn.eqsat.pipeline import Compiled, compile_graph
 
 from . import decompositions
+from .constants import lift_constants
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, parse
 from .recipe import InputSpec, Recipe
@@ -221,6 +222,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
 
 def _compiler(opts: Options):
     def fw(gm: torch.fx.GraphModule, example_inputs):
+        original = gm
+        gm, consts = lift_constants(gm)
+        example_inputs = [*consts, *example_inputs]
         key = graph_key(gm, opts)
         hit = CACHE.get(key)
         if hit is None:
@@ -232,7 +236,7 @@ def _compiler(opts: Options):
                     log.exception("saturn: internal error while compiling a graph")
                 CACHE.fallbacks.append(reason)
                 log.warning("saturn: graph runs uncompiled: %s", reason)
-                return make_boxed_func(gm.forward)
+                return make_boxed_func(original.forward)
             CACHE.compiles += 1
             CACHE.put(key, hit)
         captured = getattr(_capture, "graphs", None)
@@ -240,8 +244,8 @@ def _compiler(opts: Options):
             captured.append(hit)
         recipe = hit.recipe
 
-        def run(args: list):  # boxed: one list of inputs
-            return recipe(args)
+        def run(args: list):  # boxed: one list of inputs, the graph's constants first
+            return recipe([*consts, *args] if consts else args)
 
         run._boxed_call = True
         return run

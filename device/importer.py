@@ -534,8 +534,9 @@ def _h_full(imp: _Importer, node: torch.fx.Node):
 def _h_arange(imp: _Importer, node: torch.fx.Node):
     """arange(end) / arange(start, end[, step]) with integer bounds: an ``Arange`` constant
     (made once where the program reads it), when every value is exact in the result's
-    dtype. A symbolic length is taken for ``arange(n)`` of one symbol in int32 or int64
-    (its marker in the length, replaced per call size like every extent); fractional
+    dtype. A symbolic length is taken for ``arange(n)`` of one symbol in int32, int64,
+    float32 or float64 (its marker in the length, replaced per call size like every extent;
+    a float one as the cast of the int64 one); fractional
     bounds and other symbolic forms stay the op's own call."""
     bounds = list(node.args)
     if len(bounds) == 1:
@@ -552,10 +553,19 @@ def _h_arange(imp: _Importer, node: torch.fx.Node):
     if isinstance(length, torch.SymInt):  # arange(s): 0, 1, ..., s - 1
         if not (length.node.expr.is_Symbol and (start, step) == (0, 1)):
             return None
-        if dtype not in ("i32", "i64") or not isinstance(end, torch.fx.Node | torch.SymInt):
+        if not isinstance(end, torch.fx.Node | torch.SymInt):
             return None
         n = concrete(length)
-        return imp.add(Node(node.name, "Arange", (), (0, 1, n, dtype), dtype, (n,)), node.name)
+        if dtype in ("i32", "i64"):
+            return imp.add(Node(node.name, "Arange", (), (0, 1, n, dtype), dtype, (n,)), node.name)
+        if dtype not in ("f32", "f64"):
+            return None
+        # float positions (rotary tables): PyTorch computes start + i * step in double and
+        # rounds once to the dtype, for i = 0..s-1 that is i rounded once, what the cast of
+        # the exact integer gives for every s; half types (rounded from a float32 position
+        # in PyTorch) are not taken
+        ints = imp.add(Node(imp.fresh("arange"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+        return imp.add(Node(node.name, "Cast", (ints,), (dtype,), dtype, (n,)), node.name)
     if not all(type(v) is int for v in bounds) or step == 0:
         return None
     n = length

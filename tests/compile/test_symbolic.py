@@ -78,6 +78,50 @@ def test_positions_from_arange_of_a_symbolic_length(dev):
     assert [s for s in prog.steps if s.kind in ("host", "crossing")] == []
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_float_positions_from_arange_of_a_symbolic_length(dev, dtype):
+    """Rotary-style tables: float positions over the sequence length are the cast of the
+    integer Arange (PyTorch rounds each i once, as the cast does), compiled once for every
+    length, the table's sin/cos included."""
+
+    def f(x):
+        pos = torch.arange(x.shape[1], dtype=dtype, device=x.device)
+        ang = torch.outer(pos, torch.tensor([1.0, 0.01], dtype=dtype, device=x.device))
+        return x * ang.cos()[None] + ang.sin()[None]
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    before = len(backend.CACHE.fallbacks)
+    for n in (3, 6, 11):
+        x = torch.randn(2, n, 2, dtype=dtype)
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(fn(x.to(dev)).cpu(), f(x), rtol=tol, atol=tol)
+    assert backend.CACHE.fallbacks[before:] == []
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    assert isinstance(recipe, SymbolicRecipe) and recipe.built == 3
+    prog = recipe.template.program
+    (arange,) = [s for s in prog.steps if s.kind == "const" and s.op == "Arange"]
+    assert arange.attrs[2] in MARKERS and arange.attrs[3] == "i64"
+
+
+def test_half_positions_from_a_symbolic_arange_run_uncompiled_with_a_reason(dev, caplog):
+    """Half positions are not taken (PyTorch rounds a float32 position to the half type;
+    that the integer cast does the same for every length is not shown): the graph runs as
+    it is, with the reason logged."""
+
+    def f(x):
+        return x * torch.arange(x.shape[1], dtype=torch.bfloat16, device=x.device)
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    before = len(backend.CACHE.fallbacks)
+    for n in (3, 7):
+        x = torch.randn(2, n, dtype=torch.bfloat16)
+        assert torch.equal(fn(x.to(dev)).cpu(), f(x))
+    reasons = " ".join(str(r) for r in backend.CACHE.fallbacks[before:])
+    assert "arange" in reasons and "size" in reasons
+
+
 def test_twenty_sequence_lengths_compile_at_most_twice(dev):
     torch.manual_seed(0)
     ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
