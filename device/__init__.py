@@ -21,13 +21,14 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
 # registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
-# convolutions (on the host), and the custom op saturn::attention (fused_attention)
+# convolutions (on the host), fused LSTM/GRU cells, and the custom op saturn::attention
 from . import (  # noqa: E402, F401
     eager_conv,
     eager_kernels,
     eager_matmul,
     eager_pointwise,
     eager_reduce,
+    eager_rnn,
     fused_attention,
 )
 from .custom_ops import custom_op  # noqa: E402
