@@ -7,7 +7,11 @@
 #include "ops.h"
 #include "storage.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <torch/library.h>
 
 #include <map>
@@ -84,6 +88,40 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  // views with per-device kernels (the rest are composite): PyTorch's own, which only
+  // restride the storage; the CPU fallback would return a copy, and writes through it
+  // would be lost
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+}
+
+// Autocast (torch.autocast("saturn")): CUDA's policy, from the op lists ATen shares with
+// every backend: products and convolutions in the lower precision, ops that lose accuracy
+// there (softmax, norms, losses, exp/log, ...) in float32, mixed-type ops promoted to the
+// widest type. Everything else passes through the autocast key untouched.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  using at::IntArrayRef;  // the shared lists spell signatures inside namespace at
+  using at::Scalar;
+  using at::ScalarType;
+  using at::Tensor;
+#define SATURN_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define SATURN_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define SATURN_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define SATURN_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(SATURN_LOWER)
+  AT_FORALL_FP32(SATURN_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(SATURN_FP32_OPT)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(SATURN_PROMOTE)
+#undef SATURN_LOWER
+#undef SATURN_FP32
+#undef SATURN_FP32_OPT
+#undef SATURN_PROMOTE
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

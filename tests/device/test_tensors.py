@@ -177,6 +177,29 @@ def test_views_share_storage_and_write_through(dev):
     assert torch.equal(base.reshape(2, 12).cpu(), expect.reshape(2, 12))
 
 
+def test_views_with_per_device_kernels_are_views(dev):
+    """unfold and view_as_real/complex have per-device kernels in PyTorch: saturn registers
+    them (a fallback would hand back a copy, and a write through it would be lost)."""
+    base_cpu = torch.arange(10, dtype=torch.float32)
+    base = base_cpu.to(dev)
+    before = saturn.fallback_counts()
+    u = base.unfold(0, 3, 2)
+    assert u.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    u[1, 0] = -1.0  # element 2 of the base
+    expect = base_cpu.clone()
+    expect[2] = -1.0
+    assert torch.equal(base.cpu(), expect) and torch.equal(u.cpu(), expect.unfold(0, 3, 2))
+    c_cpu = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+    c = c_cpu.to(dev)
+    r = torch.view_as_real(c)
+    assert r.shape == (2, 2) and r.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+    r[1, 1] = 7.0
+    assert torch.equal(c.cpu(), torch.tensor([1 + 2j, -3 + 7j], dtype=torch.complex64))
+    back = torch.view_as_complex(r)
+    assert back.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+    assert saturn.fallback_counts() == before  # no op went through the fallback
+
+
 def test_resize_keeps_contents(dev):
     x = torch.arange(6, dtype=torch.float32).to(dev)
     x.resize_(2, 5)
