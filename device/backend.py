@@ -213,8 +213,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
     if imported.symbols:  # one compile over markers; a concrete recipe per size seen
         from .symbolic import SymbolicRecipe, size_sources
 
+        sources = size_sources(gm, imported.symbols)
         return CompiledGraph(
-            imported, compiled, SymbolicRecipe(recipe, size_sources(gm, imported.symbols))
+            imported, compiled, SymbolicRecipe(recipe, sources, imported.size_values)
         )
     recipe.prepare()
     return CompiledGraph(imported, compiled, recipe)

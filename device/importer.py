@@ -62,6 +62,9 @@ class Imported:
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
     custom_nodes: dict[str, int] = field(default_factory=dict)  # placed as Custom kernels
     symbols: dict[str, int] = field(default_factory=dict)  # symbolic size -> its marker
+    # sizes used as values: a leading int64 0-d input each (in ``inputs``), made per call
+    # from its expression over the symbols (saturn.symbolic)
+    size_values: list[tuple[str, object]] = field(default_factory=list)
 
 
 def _meta(node: torch.fx.Node):
@@ -124,6 +127,7 @@ class _Importer:
         self.fx_names: dict[str, str] = {}
         self.custom_nodes: dict[str, int] = {}  # node -> tensor operands (device custom ops)
         self.results: dict[str, tuple[str, ...]] = {}  # a multi-result node -> each result
+        self.size_values: dict[str, object] = {}  # graph input -> its size expression
         self.count = 0
 
     def fresh(self, stem: str) -> str:
@@ -156,10 +160,26 @@ class _Importer:
             return self.add(Node(self.fresh("const"), "Scalar", (), (n.attrs[0], dtype), dtype, ()))
         return self.add(Node(self.fresh("cast"), "Cast", (name,), (dtype,), dtype, n.shape))
 
+    def size_value(self, node: torch.fx.Node) -> str:
+        """A size used as a value (``x * x.shape[0]``): an int64 0-d graph input the call
+        makes from the size's expression (PyTorch rounds the Python int once into the
+        op's dtype, as the cast does)."""
+        val = _meta(node)
+        if isinstance(val, int):
+            return self.scalar(val, "i64")
+        expr = val.node.expr
+        for sym in expr.free_symbols:
+            _marker_of(sym)  # each symbol must be read from an input at call time
+        name = f"size_{node.name}"
+        if name not in self.g.nodes:
+            self.add(Node(name, "Input", (), (name,), "i64", ()))
+            self.size_values[name] = expr
+        return name
+
     def operand(self, a, dtype: str) -> str:
         """A tensor or Python-number operand, converted to ``dtype``."""
         if isinstance(a, torch.fx.Node) and self.env.get(a.name) == SIZE:
-            raise UnsupportedError(f"size {a.name} is used as a value, not only as a shape")
+            return self.cast(self.size_value(a), dtype)
         if isinstance(a, torch.fx.Node):
             return self.cast(self.env[a.name], dtype)
         if isinstance(a, int | float | bool):
@@ -1297,6 +1317,15 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
     imp.g.outputs = [o for o in outputs if isinstance(o, str)]
     if not imp.g.outputs:
         raise UnsupportedError("the graph returns no tensor")
+    sized = list(imp.size_values)
     return Imported(
-        imp.g, inputs, meta, outputs, out_meta, imp.host_calls, imp.fx_names, imp.custom_nodes
+        imp.g,
+        [*sized, *inputs],
+        [*(("i64", (), ()) for _ in sized), *meta],
+        outputs,
+        out_meta,
+        imp.host_calls,
+        imp.fx_names,
+        imp.custom_nodes,
+        size_values=list(imp.size_values.items()),
     )

@@ -11,8 +11,11 @@ every launch checks operand sizes). The concrete recipe for a size tuple is prep
 and kept (most recent ``KEEP``), so on a GPU each size seen gets its own memory plan and its
 own CUDA graph: replay is per shape seen.
 
-Limits (the graph then runs uncompiled, with the reason logged): a size used as a value in
-arithmetic on tensors, more symbols than markers, a symbol that no input carries alone.
+A size used as a value in arithmetic on tensors (``x * x.shape[0]``, ``x.sum(1) / n``) is
+an int64 0-d input of the program, made at each call from the size's expression.
+
+Limits (the graph then runs uncompiled, with the reason logged): a size passed to an op
+kept as a host call, more symbols than markers, a symbol that no input carries alone.
 """
 
 from __future__ import annotations
@@ -109,9 +112,17 @@ def size_sources(gm: torch.fx.GraphModule, symbols: dict[str, int]) -> list[Size
 class SymbolicRecipe:
     """A recipe over markers; calls run a concrete recipe for the call's sizes."""
 
-    def __init__(self, template: Recipe, sources: list[SizeSource]):
+    def __init__(
+        self,
+        template: Recipe,
+        sources: list[SizeSource],
+        size_values: list[tuple[str, object]] = (),
+    ):
         self.template = template
         self.sources = sources
+        # sizes used as values: leading inputs, an expression over the symbols each
+        self.size_values = [expr for _, expr in size_values]
+        self.markers = {s.symbol: s.marker for s in sources}
         self.concrete: OrderedDict[tuple, Recipe] = OrderedDict()
         self.built = 0  # concrete recipes prepared (sizes seen)
         self.lock = threading.Lock()
@@ -165,14 +176,24 @@ class SymbolicRecipe:
                 self.concrete.popitem(last=False)
         return r
 
+    def values(self, sizes: dict[int, int]) -> list[torch.Tensor]:
+        """The leading inputs: each size used as a value, as an int64 0-d tensor where the
+        recipe's inputs live."""
+        out = []
+        device = self.template.device if self.template.io_on_device else torch.device("cpu")
+        for expr in self.size_values:
+            v = expr.subs({sym: sizes[self.markers[str(sym)]] for sym in expr.free_symbols})
+            out.append(torch.tensor(int(v), dtype=torch.int64, device=device))
+        return out
+
     def __call__(self, args: list) -> list:
-        if len(args) != len(self.template.inputs):
-            raise RuntimeError(
-                f"saturn recipe takes {len(self.template.inputs)} inputs, got {len(args)}"
-            )
-        r = self.for_sizes(self.sizes(args))
+        want = len(self.template.inputs) - len(self.size_values)
+        if len(args) != want:
+            raise RuntimeError(f"saturn recipe takes {want} inputs, got {len(args)}")
+        sizes = self.sizes(args)
+        r = self.for_sizes(sizes)
         self.latest = r
-        return r(args)
+        return r([*self.values(sizes), *args] if self.size_values else args)
 
     # what tests and explain read from a recipe
     @property

@@ -157,17 +157,46 @@ def test_twenty_sequence_lengths_compile_at_most_twice(dev):
     del recipe
 
 
-def test_size_used_as_a_value_runs_uncompiled_with_a_reason():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_sizes_used_as_values_are_inputs_made_per_call(dev, dtype):
+    """``x * n``, a mean written by hand, ``n - 1``: each size used as a value is an int64
+    0-d input of the program, computed from the call's sizes; one compile serves them all."""
+
     def f(x):
-        return x * x.shape[1]
+        n = x.shape[1]
+        return x * n, x.sum(1) * n if dtype == torch.int64 else x.sum(1) / n, x + (n - 1)
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    before, compiles = len(backend.CACHE.fallbacks), backend.CACHE.compiles
+    for n in (3, 5, 9):
+        x = (torch.randn(2, n) * 10).to(dtype)
+        for got, want in zip(fn(x.to(dev)), f(x), strict=True):
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert backend.CACHE.fallbacks[before:] == []
+    assert backend.CACHE.compiles - compiles == 1
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    assert isinstance(recipe, SymbolicRecipe) and recipe.built == 3
+    assert len(recipe.size_values) == 2  # n and n - 1
+    assert [s.dtype for s in recipe.template.inputs[:2]] == [torch.int64, torch.int64]
+
+
+def test_a_size_passed_to_a_host_call_runs_uncompiled_with_a_reason():
+    """Floor division stays PyTorch's op (a host call), whose arguments are kept as they
+    are: a size among them is not taken."""
+
+    def f(x):
+        return x // x.shape[0]
 
     torch._dynamo.reset()
     fn = torch.compile(f, backend="saturn", dynamic=True)
     before = len(backend.CACHE.fallbacks)
-    x = torch.randn(3, 5).to("saturn:0")
-    torch.testing.assert_close(fn(x).cpu(), f(x.cpu()))
+    for n in (3, 5):
+        x = torch.arange(4 * n).reshape(n, 4)
+        assert torch.equal(fn(x.to("saturn:0")).cpu(), f(x))
     reasons = backend.CACHE.fallbacks[before:]
-    assert any("used as a value" in r for r in reasons), reasons
+    assert any("takes size" in r for r in reasons), reasons
 
 
 def test_inconsistent_sizes_raise():
