@@ -22,6 +22,7 @@ def kept_whole() -> set[str]:
         "aten.transpose.int",
         "aten.unsqueeze.default",
         "aten.squeeze.dim",
+        "aten.squeeze.dims",
         "aten.clone.default",
     }
 

@@ -9,6 +9,7 @@ Tuple results are read through getitem. The output spec keeps ``None`` positions
 
 from __future__ import annotations
 
+import math
 import operator
 import threading
 from dataclasses import dataclass, field
@@ -445,6 +446,29 @@ def _dims(node: torch.fx.Node, rank: int, dims) -> tuple[int, ...]:
     return tuple(d % rank if rank else 0 for d in dims)
 
 
+def _reduction(imp, op: str, xn: Node, axes, keepdim, attrs, dtype: str, shape, name: str) -> str:
+    """``op`` over ``axes`` of ``xn`` (its attributes ``attrs(axes, keepdim)`` beyond the
+    operand), named ``name``. Axes that are not one run (``x.sum((0, 2))``) are permuted
+    last first, since the GPU's reductions take one run of adjacent axes: the reduction of
+    the permuted view over its trailing axes holds the same elements in the same order of
+    kept axes, and keepdim is a View of it to the result's shape."""
+    axes = tuple(sorted(axes))
+    keepdim = bool(keepdim)
+    if not axes or axes == tuple(range(axes[0], axes[-1] + 1)):
+        return imp.add(Node(name, op, (xn.name,), attrs(axes, int(keepdim)), dtype, shape), name)
+    kept = [d for d in range(len(xn.shape)) if d not in axes]
+    perm = (*kept, *axes)
+    pshape = tuple(xn.shape[d] for d in perm)
+    p = imp.add(Node(imp.fresh("reduce_order"), "Permute", (xn.name,), (perm,), xn.dtype, pshape))
+    trailing = tuple(range(len(kept), len(perm)))
+    rshape = tuple(xn.shape[d] for d in kept)
+    rname = imp.fresh(op.lower()) if keepdim else name
+    r = imp.add(Node(rname, op, (p,), attrs(trailing, 0), dtype, rshape), None if keepdim else name)
+    if not keepdim:
+        return r
+    return imp.add(Node(name, "View", (r,), (tuple(shape),), dtype, tuple(shape)), name)
+
+
 def _h_reduce(row_name: str):
     def h(imp: _Importer, node: torch.fx.Node):
         x = node.args[0]
@@ -456,16 +480,9 @@ def _h_reduce(row_name: str):
         if not xn.shape:
             return None
         dtype, shape = _tensor_type(node)
-        return imp.add(
-            Node(
-                node.name,
-                row_name,
-                (xn.name,),
-                (_dims(node, len(xn.shape), dims), int(bool(keepdim))),
-                dtype,
-                shape,
-            ),
-            node.name,
+        axes = _dims(node, len(xn.shape), dims)
+        return _reduction(
+            imp, row_name, xn, axes, keepdim, lambda a, k: (a, k), dtype, shape, node.name
         )
 
     return h
@@ -492,16 +509,26 @@ def _h_var(imp: _Importer, node: torch.fx.Node):
     if not isinstance(corr, int | float) or int(corr) != corr or not xn.shape:
         return None
     dtype, shape = _tensor_type(node)
-    return imp.add(
-        Node(
-            node.name,
-            "Var",
-            (xn.name,),
-            (_dims(node, len(xn.shape), dims), int(corr), int(bool(keepdim))),
-            dtype,
-            shape,
-        ),
-        node.name,
+    axes = _dims(node, len(xn.shape), dims)
+    count = math.prod(xn.shape[d] for d in axes)
+    if corr != 0 and dtype in ot.WIDE_FLOATS and all(xn.shape[d] < min(MARKERS) for d in axes):
+        # sum((x - mean)^2) / max(N - correction, 0), PyTorch's definition (its divisor is
+        # clamped at 0, so too few elements give inf or NaN, as here); the e-graph's Var
+        # holds no element count, so a corrected variance is written out where N is known
+        mshape = tuple(1 if d in axes else n for d, n in enumerate(xn.shape))
+        mean = _reduction(
+            imp, "Mean", xn, axes, True, lambda a, k: (a, k), dtype, mshape, imp.fresh("vmean")
+        )
+        c = _ew_node(imp, "Sub", (xn.name, mean), dtype, xn.shape)
+        sq = imp.g.nodes[_ew_node(imp, "Mul", (c, c), dtype, xn.shape)]
+        total = _reduction(
+            imp, "Sum", sq, axes, keepdim, lambda a, k: (a, k), dtype, shape, imp.fresh("vsum")
+        )
+        out = _ew_node(imp, "Div", (total, float(max(count - int(corr), 0))), dtype, shape)
+        imp.fx_names[out] = node.name
+        return out
+    return _reduction(
+        imp, "Var", xn, axes, keepdim, lambda a, k: (a, int(corr), k), dtype, shape, node.name
     )
 
 
@@ -791,10 +818,10 @@ def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
     ``Mean(x)`` and ``Rsqrt(Var(x, correction 0) + eps)`` over the normalized dims, kept,
     exactly PyTorch's definitions (biased variance); the layer norm's decomposition builds
     the same terms, so the e-graph shares them. Declined where PyTorch computes the
-    statistics in another dtype than x's (half precision inputs)."""
+    statistics in another dtype than x's (half precision inputs). A missing weight or bias
+    is the scalar 1 or -0.0: ``y * 1`` and ``y + -0.0`` are y for every y (both zeros and
+    NaN included; ``+0.0`` would turn a -0.0 into +0.0)."""
     x, normalized, w, b, eps = node.args
-    if w is None or b is None:
-        return None
     xn = imp.g.nodes[imp.env[x.name]]
     rank = len(xn.shape)
     dims = tuple(range(rank - len(normalized), rank))
@@ -804,11 +831,13 @@ def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
         stats = [_tensor_type(node, v) for v in _meta(node)[1:]]
         if dtype not in ot.FLOATS or any(d != dtype for d, _ in stats):
             return None
+    wn = imp.scalar(1.0, dtype) if w is None else imp.env[w.name]
+    bn = imp.scalar(-0.0, dtype) if b is None else imp.env[b.name]
     y = imp.add(
         Node(
             node.name,
             "LayerNorm",
-            (xn.name, imp.env[w.name], imp.env[b.name]),
+            (xn.name, wn, bn),
             (dims, float_bits(eps)),
             dtype,
             shape,
@@ -829,7 +858,7 @@ def _h_layer_norm(imp: _Importer, node: torch.fx.Node):
 
 def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     x, w, b, rm, rv, _momentum, eps = node.args
-    if w is None or b is None or not _only_first_result_used(node):
+    if not _only_first_result_used(node):
         return None
     xn = imp.g.nodes[imp.env[x.name]]
     if len(xn.shape) < 2:
@@ -837,7 +866,10 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     c = xn.shape[1]
     tail = (c,) + (1,) * (len(xn.shape) - 2)
     views = []
-    for t in (w, b, rm, rv):
+    for t, missing in ((w, 1.0), (b, -0.0), (rm, None), (rv, None)):
+        if t is None:  # no affine weight or bias: the exact identities, as in layer norm
+            views.append(imp.scalar(missing, xn.dtype))
+            continue
         tn = imp.g.nodes[imp.env[t.name]]
         views.append(
             imp.add(Node(imp.fresh("bnview"), "View", (tn.name,), (tail,), tn.dtype, tail))
@@ -1103,6 +1135,71 @@ def _h_clamp(kind: str):
     return handler
 
 
+def _h_hardtanh(imp: _Importer, node: torch.fx.Node):
+    """hardtanh(x, lo=-1, hi=1) is PyTorch's clamp(x, lo, hi) (its kernel calls clamp):
+    NaN stays NaN, -0.0 stays -0.0."""
+    args = list(node.args) + [None] * 2
+    lo = args[1] if args[1] is not None else node.kwargs.get("min_val", -1.0)
+    hi = args[2] if args[2] is not None else node.kwargs.get("max_val", 1.0)
+    clamp = _with_args(node, (node.args[0], lo, hi))
+    return _h_clamp("clamp")(imp, clamp)
+
+
+def _with_args(node: torch.fx.Node, args: tuple):
+    """A stand-in for ``node`` with other arguments (handlers read args, kwargs, meta)."""
+    return type("Call", (), {"args": args, "kwargs": {}, "name": node.name, "meta": node.meta})()
+
+
+def _h_sign(imp: _Importer, node: torch.fx.Node):
+    """sign(x) = (0 < x) - (x < 0), as PyTorch's CPU kernel: 0 for NaN and for both zeros
+    (+0.0, the difference of two zeros), 1 for +inf, -1 for -inf."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    dtype, shape = _tensor_type(node)
+    if dtype != xn.dtype or dtype not in ot.FLOATS + ot.SIGNED:
+        return None
+    zero = imp.scalar(0, dtype)
+    pos = imp.add(Node(imp.fresh("lt"), "Lt", (zero, xn.name), (), "bool", shape))
+    neg = imp.add(Node(imp.fresh("lt"), "Lt", (xn.name, zero), (), "bool", shape))
+    return imp.add(
+        Node(node.name, "Sub", (imp.cast(pos, dtype), imp.cast(neg, dtype)), (), dtype, shape),
+        node.name,
+    )
+
+
+def _h_isnan(imp: _Importer, node: torch.fx.Node):
+    """isnan(x) = x != x: true for every NaN and nothing else (integers: never)."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    if xn.dtype not in ot.FLOATS:
+        return None
+    _, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "Ne", (xn.name, xn.name), (), "bool", shape), node.name)
+
+
+def _h_elu(imp: _Importer, node: torch.fx.Node):
+    """elu(x, alpha, scale, input_scale) as PyTorch's CPU kernel computes it: x <= 0 ?
+    expm1(x * input_scale) * (alpha * scale) : x * scale, the coefficient product taken in
+    the op's compute type (float32 for float32 and the half types). NaN takes the second
+    branch (NaN); -0.0 the first (expm1(-0.0) = -0.0)."""
+    args = list(node.args) + [None] * 3
+    x = node.args[0]
+    alpha, scale, iscale = (v if v is not None else 1.0 for v in args[1:4])
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = _tensor_type(node)
+    if node.kwargs or dtype != xn.dtype or dtype not in ot.FLOATS:
+        return None
+    if not all(type(v) in (int, float) for v in (alpha, scale, iscale)):
+        return None
+    op_t = np.float64 if dtype == "f64" else np.float32
+    negcoef = float(op_t(alpha) * op_t(scale))
+    zero = imp.scalar(0, dtype)
+    le = imp.add(Node(imp.fresh("le"), "Le", (xn.name, zero), (), "bool", shape))
+    inner = _ew_node(imp, "Mul", (xn.name, float(op_t(iscale))), dtype, shape)
+    em1 = imp.add(Node(imp.fresh("expm1"), "Expm1", (inner,), (), dtype, shape))
+    neg = _ew_node(imp, "Mul", (em1, negcoef), dtype, shape)
+    pos = _ew_node(imp, "Mul", (xn.name, float(op_t(scale))), dtype, shape)
+    return imp.add(Node(node.name, "Where", (le, neg, pos), (), dtype, shape), node.name)
+
+
 def _h_split(imp: _Importer, node: torch.fx.Node):
     """split / split_with_sizes along a dim: one Slice per piece (views; no copy), read by
     the getitems that follow."""
@@ -1214,6 +1311,7 @@ _HANDLERS = {
     "aten.reshape.default": _h_shape_view,
     "aten.unsqueeze.default": _h_shape_view,
     "aten.squeeze.dim": _h_shape_view,
+    "aten.squeeze.dims": _h_shape_view,
     "aten.permute.default": _h_permute,
     "aten.t.default": _h_permute,
     "aten.transpose.int": _h_permute,
@@ -1227,6 +1325,10 @@ _HANDLERS = {
     "aten.bitwise_or.Tensor": _h_logical("or", True),
     "aten.bitwise_not.default": _h_bitwise_not,
     "aten.clamp.default": _h_clamp("clamp"),
+    "aten.hardtanh.default": _h_hardtanh,
+    "aten.sign.default": _h_sign,
+    "aten.isnan.default": _h_isnan,
+    "aten.elu.default": _h_elu,
     "aten.clamp_min.default": _h_clamp("min"),
     "aten.clamp_max.default": _h_clamp("max"),
     "aten.split.Tensor": _h_split,

@@ -262,6 +262,8 @@ OPS: tuple[Op, ...] = (
         aten=("aten.reciprocal.default",),
         flops=2,
     ),
+    _ew("Log1p", 1, "math.log1p({0})", _unary(np.log1p), aten=("aten.log1p.default",), flops=5),
+    _ew("Expm1", 1, "math.expm1({0})", _unary(np.expm1), aten=("aten.expm1.default",), flops=5),
     _ew("Tanh", 1, "math.tanh({0})", _unary(np.tanh), aten=("aten.tanh.default",), flops=6),
     _ew("Erf", 1, "math.erf({0})", _erf, aten=("aten.erf.default",), flops=8),
     _ew(
@@ -326,6 +328,14 @@ OPS: tuple[Op, ...] = (
     ),
     _ew(
         "Div", 2, "{0} / {1}", _div, DEVICE_FLOATS, ("aten.div.Tensor", "aten.div.Scalar"), flops=2
+    ),
+    _ew(
+        "Atan2",
+        2,
+        "math.atan2({0}, {1})",
+        _binary(np.arctan2),
+        aten=("aten.atan2.default",),
+        flops=10,
     ),
     _ew(
         "Maximum", 2, "max_nan({0}, {1})", _binary(_max), DEVICE_NUMERIC, ("aten.maximum.default",)

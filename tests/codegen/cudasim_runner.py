@@ -127,6 +127,13 @@ GRAPHS = {
     "(param b f64 [1030])\n(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
     "rows_layer_norm_vector": "(input x f32 [3 2 136])\n(param w f32 [136])\n"
     "(param b f32 [136])\n(let r (LayerNorm x w b [2] 1e-05))\n(output r)",
+    # log1p of |x| (Python's math.log1p, which the simulator runs, raises below -1),
+    # expm1 and atan2 with NaN, infinities and both zeros
+    "log1p_expm1_atan2": "(input a f32 [37])\n(input b f32 [37])\n"
+    "(let r (Add (Log1p (Abs a)) (Atan2 (Expm1 b) a)))\n(output r)",
+    # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
+    "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
+    "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",
 }
 
 

@@ -602,3 +602,174 @@ def test_view_strides_follow_pytorchs_rule():
                 except RuntimeError:
                     want = None
                 assert view_strides(tuple(t.shape), t.stride(), new) == want, (shape, perm, new)
+
+
+def gpu_program(fn, *args):
+    """The GPU machine's program for ``fn`` (compiled here, on the CPU), and a check that
+    the CUDA emitter builds each of its loops and reductions."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.codegen import cuda as cg
+    from saturn.constants import lift_constants
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    progs = []
+
+    def capture(gm, _example):
+        gm, _ = lift_constants(gm)
+        progs.append(compile_graph(import_graph(gm).graph, machine="gpu", io_on_device=True))
+        return gm.forward
+
+    torch._dynamo.reset()
+    c = torch.compile(
+        fn, backend=aot_autograd(fw_compiler=capture, decompositions=decompositions.table())
+    )
+    with torch.no_grad():
+        c(*args)
+    (compiled,) = progs
+    for k in compiled.program.kernels:
+        if k.kind in ("loop", "reduce", "rows"):
+            cg.generate(k)
+    return compiled.program
+
+
+UNARY_CASES = {
+    "log1p": lambda x: torch.log1p(x),
+    "expm1": lambda x: torch.expm1(x),
+    "atan2": lambda x: torch.atan2(x, x * -0.5 + 0.25),
+    "softplus": lambda x: torch.nn.functional.softplus(x),
+    "mish": lambda x: torch.nn.functional.mish(x),
+    "sign": lambda x: torch.sign(x),
+    "isnan": lambda x: torch.isnan(x).to(torch.float32) + x.isnan().sum(),
+    "hardtanh": lambda x: torch.nn.functional.hardtanh(x) + torch.nn.functional.relu6(x),
+    "elu": lambda x: torch.nn.functional.elu(x, 0.7),
+    "selu": lambda x: torch.nn.functional.selu(x),
+    "celu": lambda x: torch.nn.functional.celu(x, 1.3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNARY_CASES))
+def test_elementwise_functions_run_as_loops(case):
+    """Functions PyTorch has as one op, written in saturn's elementwise ops (log1p, expm1,
+    atan2 are rows of the table; sign, isnan, hardtanh, elu are compositions that give
+    PyTorch's CPU values for both zeros, infinities and NaN), on both machines."""
+    fn = UNARY_CASES[case]
+    x = special((5, 7), seed=3)
+    x.view(-1)[5:9] = torch.tensor([-1.0, -2.0, 1e-6, -1e-6])  # log1p's edge, small args
+    compile_and_compare(fn, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(fn, x)) == []
+
+
+def test_sign_of_an_integer_tensor_and_a_zero_keeps_its_sign_rule():
+    x = torch.tensor([-3, 0, 5, -1], dtype=torch.int64)
+    compile_and_compare(lambda x: torch.sign(x) * 2, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    z = torch.tensor([-0.0, 0.0, float("nan")])
+    got = compile_and_compare(lambda z: torch.sign(z), z)
+    assert not got.cpu().signbit().any()  # +0.0 for both zeros and NaN, as PyTorch's CPU
+
+
+def test_isnan_of_integers_stays_the_call():
+    x = torch.arange(6)
+    compile_and_compare(lambda x: torch.isnan(x).to(torch.int64) + x, x)
+    assert host_ops(last_compiled().compiled.program) == ["aten.isnan.default"]
+
+
+@pytest.mark.parametrize("kind", ["no affine", "no bias", "no weight"])
+def test_layer_norm_without_weight_or_bias(kind):
+    """A missing weight is the scalar 1 and a missing bias -0.0: y * 1 and y + -0.0 are y
+    for every y (+0.0 would turn -0.0 into +0.0)."""
+    torch.manual_seed(0)
+    x = special((3, 8), seed=5)
+    if kind == "no weight":
+        b = torch.randn(8)
+        args = (x, b)
+
+        def fn(x, b):
+            return torch.nn.functional.layer_norm(x, (8,), None, b)
+
+    else:
+        fn = torch.nn.LayerNorm(8, elementwise_affine=kind == "no bias", bias=False)
+        if kind == "no bias":
+            torch.nn.init.normal_(fn.weight)
+        args = (x,)
+    compile_and_compare(fn, *args)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(fn, *args)) == []
+    ones = torch.full((2, 8), 3.0)  # every value the mean: y is 0 * rstd = +0.0 throughout
+    got = compile_and_compare(lambda x: torch.nn.functional.layer_norm(x, (8,)), ones)
+    assert torch.equal(got.cpu().signbit(), torch.nn.functional.layer_norm(ones, (8,)).signbit())
+
+
+def test_batch_norm_inference_without_affine():
+    bn = torch.nn.BatchNorm2d(3, affine=False).eval()
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 1.5)
+    x = special((2, 3, 4, 5), seed=6)
+    compile_and_compare(bn, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(bn, x)) == []
+
+
+@pytest.mark.parametrize("correction", [0, 1, 2])
+def test_corrected_variance_is_written_out(correction):
+    """var/std with a correction: sum((x - mean)^2) / max(N - correction, 0), PyTorch's
+    definition, written out where the importer knows N (the e-graph's Var holds no count);
+    too few elements give inf or NaN, as in PyTorch."""
+    x = torch.randn(4, 6, 5)
+    x[0, 0, 0] = float("nan")
+
+    def f(x):
+        return (
+            x.var(-1, correction=correction),
+            x.std((0, 2), correction=correction, keepdim=True),
+            x[:, :1, :2].var(1, correction=correction),  # N = 1: 0 / max(1 - c, 0)
+        )
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(f, x)) == []
+
+
+def test_variance_over_a_symbolic_length_keeps_the_op():
+    """N unknown until the call (a marker): the corrected variance stays the Var op."""
+
+    def f(x):
+        return x.var(1) * 2
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=True)
+    for n in (3, 6):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(fn(x.to(DEV)).cpu(), f(x))
+    prog = last_compiled().recipe.program
+    assert "Var" in host_ops(prog)
+
+
+def test_logsumexp_squeezes_as_a_view():
+    x = special((4, 9), seed=7)
+    compile_and_compare(lambda x: torch.logsumexp(x, 1), x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reductions_over_axes_that_are_not_one_run(keepdim):
+    """x.sum((0, 2)): the GPU's reductions take one run of adjacent axes, so the importer
+    reduces a permuted view over its trailing axes (keepdim: a View back to the shape)."""
+    x = special((4, 6, 5, 3), seed=8)
+
+    def f(x):
+        return (
+            x.sum((0, 2), keepdim=keepdim),
+            x.amax((1, 3), keepdim=keepdim),
+            x.mean((0, 3), keepdim=keepdim),
+            x.var((0, 2), keepdim=keepdim),
+        )
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    prog = gpu_program(f, x)  # raised "reduction over non-adjacent axes" before
+    assert host_ops(prog) == []
