@@ -35,15 +35,46 @@ NAMED = {
 }
 
 
-def helpers(decorator: str) -> str:
-    """NaN-propagating max and min (as torch.maximum/minimum), as functions under
-    ``decorator`` (a Numba njit or CUDA device-function decorator line)."""
+# Rounding to an integral value, spelled per target (the op table writes ``floor_f32(x)``
+# and the like). Numba's ``math.floor`` returns an integer on the CPU (Python's rule) but a
+# float on CUDA, and CUDA device code has no numpy ufuncs; the CUDA simulator runs Python's
+# math, whose floor of NaN raises. Every spelling keeps -0.0, infinities and NaN, and
+# rint rounds halves to even (PyTorch's round: nearbyint).
+ROUNDING = ("floor", "ceil", "trunc", "rint")
+_NUMPY_ROUNDING = {r: f"np.{r}(x)" for r in ROUNDING}
+_CUDA_ROUNDING = {
+    "f32": {
+        "floor": "math.floor(x)",
+        "ceil": "math.ceil(x)",
+        "trunc": "math.trunc(x)",
+        "rint": "libdevice.rintf(x)",
+    },
+    "f64": {
+        "floor": "math.floor(x)",
+        "ceil": "math.ceil(x)",
+        "trunc": "math.trunc(x)",
+        "rint": "libdevice.rint(x)",
+    },
+}
+
+
+def helpers(decorator: str, target: str = "numpy") -> str:
+    """NaN-propagating max and min (as torch.maximum/minimum), and the rounding functions
+    (``floor_f32`` ... ``rint_f64``), as functions under ``decorator`` (a Numba njit or CUDA
+    device-function decorator line). ``target`` "cuda" spells rounding for CUDA device code,
+    "numpy" for the CPU and the CUDA simulator."""
     out = []
     for name, cmp in (("max_nan", ">"), ("min_nan", "<")):
         out.append(
             f"\n{decorator}\ndef {name}(a, b):\n    if a != a:\n        return a\n"
             f"    if b != b:\n        return b\n    return a if a {cmp} b else b\n"
         )
+    if target == "cuda":
+        out.append("\nfrom numba.cuda import libdevice\n")
+    for ft in ("f32", "f64"):
+        for r in ROUNDING:
+            expr = _CUDA_ROUNDING[ft][r] if target == "cuda" else _NUMPY_ROUNDING[r]
+            out.append(f"\n{decorator}\ndef {r}_{ft}(x):\n    return {expr}\n")
     return "\n".join(out)
 
 
@@ -107,7 +138,8 @@ class BodyWriter:
         dtype = row.out_dtype or args[1 if row.name == "Where" else 0][1]
         const_t = args[1 if row.name == "Where" else 0][1]
         consts = {k: literal(v, const_t) for k, v in NAMED.items()}
-        code = row.expr.format(*[a for a, _ in args], **consts, cast="")
+        ft = "f64" if const_t == "f64" else "f32"  # the compute type's rounding helpers
+        code = row.expr.format(*[a for a, _ in args], **consts, cast="", ft=ft)
         name = self.fresh(row.name.lower())
         self.lines.append(f"{name} = {code}")
         return name, dtype

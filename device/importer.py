@@ -360,6 +360,11 @@ class _Importer:
         operands = list(node.args)
         if len(operands) != row.arity:
             return None
+        if row.name in ("Floor", "Ceil", "Trunc", "Round") and dtype not in ot.FLOATS:
+            # rounding an integer tensor gives its values (PyTorch returns a copy; in a
+            # functional graph the same value)
+            src = self.env[operands[0].name]
+            return src if self.g.nodes[src].dtype == dtype else None
         if row.out_dtype == "bool":
             probes = [
                 torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
@@ -881,6 +886,36 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _h_group_norm(imp: _Importer, node: torch.fx.Node):
+    """native_group_norm(x, w, b, N, C, HxW, G, eps), only its output read: x viewed as
+    [N, G, C/G * HxW], a layer norm without affine over the last axis (PyTorch's statistics:
+    biased variance per group), viewed back, times w and plus b per channel. float32 and
+    float64 (PyTorch computes a half group norm in float32 and rounds once; written out,
+    each op would round)."""
+    x, w, b, n, c, hw, groups, eps = node.args
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = _tensor_type(node, _meta(node)[0])
+    if not _only_first_result_used(node) or dtype not in ot.WIDE_FLOATS or len(xn.shape) < 2:
+        return None
+    if not all(type(v) is int for v in (n, c, hw, groups)) or c % groups:
+        return None
+    grouped = (n, groups, (c // groups) * hw)
+    v = imp.add(Node(imp.fresh("gn_view"), "View", (xn.name,), (grouped,), dtype, grouped))
+    one, nzero = imp.scalar(1.0, dtype), imp.scalar(-0.0, dtype)
+    y = imp.add(
+        Node(imp.fresh("gn"), "LayerNorm", (v, one, nzero), ((2,), float_bits(eps)), dtype, grouped)
+    )
+    out = imp.add(Node(imp.fresh("gn_back"), "View", (y,), (shape,), dtype, shape))
+    tail = (c,) + (1,) * (len(shape) - 2)
+    for t, op in ((w, "Mul"), (b, "Add")):
+        if t is not None:
+            tn = imp.g.nodes[imp.env[t.name]]
+            tv = imp.add(Node(imp.fresh("gn_param"), "View", (tn.name,), (tail,), tn.dtype, tail))
+            out = imp.add(Node(imp.fresh(op.lower()), op, (out, tv), (), dtype, shape))
+    imp.fx_names[out] = node.name
+    return out
+
+
 def _h_convolution(imp: _Importer, node: torch.fx.Node):
     x, w, b, stride, padding, dilation, transposed, _out_pad, groups = node.args
     if transposed or len(stride) != 2:
@@ -1346,6 +1381,7 @@ _HANDLERS = {
     "aten._log_softmax.default": _h_softmax("LogSoftmax"),
     "aten.native_layer_norm.default": _h_layer_norm,
     "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
+    "aten.native_group_norm.default": _h_group_norm,
     "aten.convolution.default": _h_convolution,
     "aten.pow.Tensor_Scalar": _h_pow,
     "aten.pow.Scalar": _h_pow,

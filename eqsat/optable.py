@@ -265,6 +265,12 @@ OPS: tuple[Op, ...] = (
     _ew("Log1p", 1, "math.log1p({0})", _unary(np.log1p), aten=("aten.log1p.default",), flops=5),
     _ew("Expm1", 1, "math.expm1({0})", _unary(np.expm1), aten=("aten.expm1.default",), flops=5),
     _ew("Tanh", 1, "math.tanh({0})", _unary(np.tanh), aten=("aten.tanh.default",), flops=6),
+    # rounding to integral values: -0.0, infinities and NaN kept; Round is half to even
+    # (PyTorch's round: nearbyint); integer operands stay PyTorch's (no device dtype)
+    _ew("Floor", 1, "floor_{ft}({0})", _unary(np.floor), aten=("aten.floor.default",)),
+    _ew("Ceil", 1, "ceil_{ft}({0})", _unary(np.ceil), aten=("aten.ceil.default",)),
+    _ew("Trunc", 1, "trunc_{ft}({0})", _unary(np.trunc), aten=("aten.trunc.default",)),
+    _ew("Round", 1, "rint_{ft}({0})", _unary(np.rint), aten=("aten.round.default",)),
     _ew("Erf", 1, "math.erf({0})", _erf, aten=("aten.erf.default",), flops=8),
     _ew(
         "Sigmoid",

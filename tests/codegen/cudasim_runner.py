@@ -131,6 +131,9 @@ GRAPHS = {
     # expm1 and atan2 with NaN, infinities and both zeros
     "log1p_expm1_atan2": "(input a f32 [37])\n(input b f32 [37])\n"
     "(let r (Add (Log1p (Abs a)) (Atan2 (Expm1 b) a)))\n(output r)",
+    "rounding": "(input x f32 [41])\n(input y f64 [41])\n(let r (Add (Add (Floor x) "
+    "(Ceil x)) (Add (Trunc x) (Round x))))\n(let s (Round (Mul y (Scalar 2.5 f64))))\n"
+    "(output r)\n(output s)",
     # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
     "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
     "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",

@@ -43,6 +43,9 @@ def kernels_of(text: str):
         "(input x f32 [8 64])\n(let r (GeluTanh (Mul x (Scalar 0.125 f32))))\n(output r)\n",
         "(input x f32 [8 64])\n(let r (Softmax x 1))\n(output r)\n",
         "(input x f32 [64 8])\n(let r (Mean (Mul x x) [0] 0))\n(output r)\n",
+        "(input x f32 [64])\n(input y f32 [64])\n(let r (Add (Add (Floor x) (Ceil y)) "
+        "(Add (Add (Trunc x) (Round y)) (Add (Log1p (Abs x)) (Atan2 (Expm1 x) y)))))\n"
+        "(output r)\n",
     ],
 )
 def test_float32_kernels_have_no_double_precision(text):
@@ -50,6 +53,19 @@ def test_float32_kernels_have_no_double_precision(text):
         ptx = cg.ptx(cg.generate(k), (9, 0))
         f64 = [ln for ln in ptx.splitlines() if re.search(r"\.f64\b", ln)]
         assert not f64, f"{k.kind} kernel has double-precision instructions:\n" + "\n".join(f64)
+
+
+def test_rounding_is_spelled_for_the_device():
+    """floor/ceil/trunc are PTX's cvt.rmi/rpi/rzi and round is cvt.rni (half to even): no
+    integer conversion that would lose NaN, infinities or -0.0, for both float types."""
+    for t, suffix in (("f32", "f32.f32"), ("f64", "f64.f64")):
+        (k,) = kernels_of(
+            f"(input x {t} [64])\n(let r (Add (Add (Floor x) (Ceil x)) "
+            "(Add (Trunc x) (Round x))))\n(output r)\n"
+        )
+        ptx = cg.ptx(cg.generate(k), (9, 0))
+        for mode in ("rmi", "rpi", "rzi", "rni"):
+            assert f"cvt.{mode}.{suffix}" in ptx, mode
 
 
 def test_float64_kernel_does_use_f64():

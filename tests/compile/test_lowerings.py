@@ -773,3 +773,58 @@ def test_reductions_over_axes_that_are_not_one_run(keepdim):
     assert host_ops(last_compiled().compiled.program) == []
     prog = gpu_program(f, x)  # raised "reduction over non-adjacent axes" before
     assert host_ops(prog) == []
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_is_a_layer_norm_over_groups(affine):
+    torch.manual_seed(0)
+    gn = torch.nn.GroupNorm(3, 6, affine=affine)
+    if affine:
+        torch.nn.init.normal_(gn.weight)
+        torch.nn.init.normal_(gn.bias)
+    x = special((2, 6, 4, 5), seed=9)
+    x[1] = torch.randn(6, 4, 5)  # the second sample's groups without special values
+    compile_and_compare(gn, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(gn, x)) == []
+
+
+def test_group_norm_whose_statistics_are_read_stays_the_call():
+    """A training forward reads mean and rstd too: the op stays PyTorch's."""
+    x = torch.randn(2, 4, 3)
+    w, b = torch.randn(4), torch.randn(4)
+    compile_and_compare(
+        lambda x, w, b: torch.ops.aten.native_group_norm(x, w, b, 2, 4, 3, 2, 1e-5), x, w, b
+    )
+    assert host_ops(last_compiled().compiled.program)[0] == "aten.native_group_norm.default"
+
+
+def test_rounding_functions_run_as_loops():
+    """floor, ceil, trunc, round (half to even): both zeros, infinities and NaN kept, ties
+    and values just below them, values past 2^23 that are integral already."""
+    x = special((6, 8), seed=11)
+    x.view(-1)[5:16] = torch.tensor(
+        [0.5, 1.5, 2.5, -0.5, -1.5, -0.3, 0.49999997, 8388609.0, -3.7, 1e-40, -2.5]
+    )
+
+    def f(x):
+        return torch.floor(x), torch.ceil(x), torch.trunc(x), torch.round(x)
+
+    got = compile_and_compare(f, x)
+    for g, w in zip(got, f(x), strict=True):
+        assert torch.equal(g.cpu().signbit(), w.signbit())  # -0.0 where PyTorch gives it
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(f, x)) == []
+    compile_and_compare(lambda x: torch.round(x.double() * 3), x)
+
+
+def test_rounding_an_integer_tensor_is_its_values():
+    x = torch.arange(-3, 4)
+    compile_and_compare(lambda x: (torch.floor(x) + 1, torch.round(x) * 2), x)
+    assert host_ops(last_compiled().compiled.program) == []
+
+
+def test_rounding_to_decimals_stays_the_call():
+    x = special((3, 4), seed=12)
+    compile_and_compare(lambda x: torch.round(x, decimals=2) + 1, x)
+    assert host_ops(last_compiled().compiled.program) == ["aten.round.decimals"]
