@@ -75,7 +75,48 @@ def helpers(decorator: str, target: str = "numpy") -> str:
         for r in ROUNDING:
             expr = _CUDA_ROUNDING[ft][r] if target == "cuda" else _NUMPY_ROUNDING[r]
             out.append(f"\n{decorator}\ndef {r}_{ft}(x):\n    return {expr}\n")
+        fmod = "math.fmod(a, b)" if target == "cuda" else "np.fmod(a, b)"
+        out.append(_division_helpers(decorator, ft, fmod))
     return "\n".join(out)
+
+
+def _division_helpers(decorator: str, ft: str, fmod: str) -> str:
+    """fmod, PyTorch's float remainder (the sign of the divisor: fmod's result moved by b
+    where the signs differ, a zero result keeping fmod's sign) and floor division (its
+    div_floor_floating: the quotient of a - fmod(a, b), one less where the signs differ,
+    floored with a correction past .5, a zero quotient carrying the sign of a / b; b = 0
+    gives a / b). Constants in the compute type, so float32 stays float32."""
+    t = NUMBA_TYPE[ft]
+    zero, one, half = (f"{t}({v})" for v in (0.0, 1.0, 0.5))
+    return f"""
+{decorator}
+def fmod_{ft}(a, b):
+    return {fmod}
+
+
+{decorator}
+def remainder_{ft}(a, b):
+    m = fmod_{ft}(a, b)
+    if m != {zero} and ((b < {zero}) != (m < {zero})):
+        m = m + b
+    return m
+
+
+{decorator}
+def floordiv_{ft}(a, b):
+    if b == {zero}:
+        return a / b
+    m = fmod_{ft}(a, b)
+    d = (a - m) / b
+    if m != {zero} and ((b < {zero}) != (m < {zero})):
+        d = d - {one}
+    if d == {zero}:
+        return math.copysign({zero}, a / b)
+    f = floor_{ft}(d)
+    if d - f > {half}:
+        f = f + {one}
+    return f
+"""
 
 
 def literal(value: float, dtype: str) -> str:

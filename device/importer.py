@@ -360,6 +360,8 @@ class _Importer:
         operands = list(node.args)
         if len(operands) != row.arity:
             return None
+        if row.name in ("Fmod", "Remainder", "FloorDiv") and dtype not in ot.FLOATS:
+            return None  # integers: a zero divisor raises in PyTorch, a kernel cannot
         if row.name in ("Floor", "Ceil", "Trunc", "Round") and dtype not in ot.FLOATS:
             # rounding an integer tensor gives its values (PyTorch returns a copy; in a
             # functional graph the same value)
@@ -886,6 +888,25 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _h_div_mode(imp: _Importer, node: torch.fx.Node):
+    """div(a, b, rounding_mode): None is Div, "floor" PyTorch's floor division (FloorDiv),
+    "trunc" the truncated quotient trunc(a / b), as PyTorch's kernel computes it. Floats
+    only (an integer zero divisor raises in PyTorch)."""
+    a, b = node.args[:2]
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    dtype, shape = _tensor_type(node)
+    if dtype not in ot.FLOATS or mode not in (None, "floor", "trunc"):
+        return None
+    if mode == "floor":
+        out = _ew_node(imp, "FloorDiv", (a, b), dtype, shape)
+    else:
+        out = _ew_node(imp, "Div", (a, b), dtype, shape)
+        if mode == "trunc":
+            out = imp.add(Node(imp.fresh("trunc"), "Trunc", (out,), (), dtype, shape))
+    imp.fx_names[out] = node.name
+    return out
+
+
 def _h_group_norm(imp: _Importer, node: torch.fx.Node):
     """native_group_norm(x, w, b, N, C, HxW, G, eps), only its output read: x viewed as
     [N, G, C/G * HxW], a layer norm without affine over the last axis (PyTorch's statistics:
@@ -1382,6 +1403,8 @@ _HANDLERS = {
     "aten.native_layer_norm.default": _h_layer_norm,
     "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
     "aten.native_group_norm.default": _h_group_norm,
+    "aten.div.Tensor_mode": _h_div_mode,
+    "aten.div.Scalar_mode": _h_div_mode,
     "aten.convolution.default": _h_convolution,
     "aten.pow.Tensor_Scalar": _h_pow,
     "aten.pow.Scalar": _h_pow,

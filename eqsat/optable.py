@@ -184,6 +184,36 @@ def _min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.minimum(a, b)
 
 
+def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PyTorch's float remainder: numpy's gives a zero the divisor's sign, PyTorch keeps
+    fmod's (the dividend's)."""
+    m = np.fmod(a, b)
+    move = (m != 0) & ((b < 0) != (m < 0))
+    return np.where(move, m + b, m).astype(m.dtype)
+
+
+def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PyTorch's div_floor_floating, elementwise."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    t = np.result_type(a, b).type
+    out = np.empty(a.shape, np.result_type(a, b))
+    for i in np.ndindex(a.shape):
+        x, y = t(a[i]), t(b[i])
+        if y == 0:
+            out[i] = x / y
+            continue
+        m = np.fmod(x, y)
+        d = (x - m) / y
+        if m != 0 and ((y < 0) != (m < 0)):
+            d = d - t(1)
+        if d == 0:
+            out[i] = np.copysign(t(0), x / y)
+            continue
+        f = np.floor(d)
+        out[i] = f + t(1) if d - f > t(0.5) else f
+    return out
+
+
 def _unary(fn: Callable) -> Callable:
     def run(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
@@ -334,6 +364,32 @@ OPS: tuple[Op, ...] = (
     ),
     _ew(
         "Div", 2, "{0} / {1}", _div, DEVICE_FLOATS, ("aten.div.Tensor", "aten.div.Scalar"), flops=2
+    ),
+    # PyTorch's float fmod, remainder and floor division (expr.helpers spells them per
+    # target); integer operands stay PyTorch's (a zero divisor raises there)
+    _ew(
+        "Fmod",
+        2,
+        "fmod_{ft}({0}, {1})",
+        _binary(np.fmod),
+        aten=("aten.fmod.Tensor", "aten.fmod.Scalar"),
+        flops=8,
+    ),
+    _ew(
+        "Remainder",
+        2,
+        "remainder_{ft}({0}, {1})",
+        _binary(lambda a, b: _remainder(a, b)),
+        aten=("aten.remainder.Tensor", "aten.remainder.Scalar"),
+        flops=10,
+    ),
+    _ew(
+        "FloorDiv",
+        2,
+        "floordiv_{ft}({0}, {1})",
+        _binary(lambda a, b: _floordiv(a, b)),
+        aten=("aten.floor_divide.default",),
+        flops=14,
     ),
     _ew(
         "Atan2",

@@ -134,6 +134,8 @@ GRAPHS = {
     "rounding": "(input x f32 [41])\n(input y f64 [41])\n(let r (Add (Add (Floor x) "
     "(Ceil x)) (Add (Trunc x) (Round x))))\n(let s (Round (Mul y (Scalar 2.5 f64))))\n"
     "(output r)\n(output s)",
+    "division": "(input a f32 [43])\n(input b f32 [43])\n(let r (Add (Fmod a b) "
+    "(Mul (Remainder a b) (FloorDiv a b))))\n(output r)",
     # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
     "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
     "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",

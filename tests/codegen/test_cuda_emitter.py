@@ -46,6 +46,8 @@ def kernels_of(text: str):
         "(input x f32 [64])\n(input y f32 [64])\n(let r (Add (Add (Floor x) (Ceil y)) "
         "(Add (Add (Trunc x) (Round y)) (Add (Log1p (Abs x)) (Atan2 (Expm1 x) y)))))\n"
         "(output r)\n",
+        "(input x f32 [64])\n(input y f32 [64])\n(let r (Add (Fmod x y) (Add (Remainder x y) "
+        "(FloorDiv x y))))\n(output r)\n",
     ],
 )
 def test_float32_kernels_have_no_double_precision(text):

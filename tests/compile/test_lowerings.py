@@ -828,3 +828,44 @@ def test_rounding_to_decimals_stays_the_call():
     x = special((3, 4), seed=12)
     compile_and_compare(lambda x: torch.round(x, decimals=2) + 1, x)
     assert host_ops(last_compiled().compiled.program) == ["aten.round.decimals"]
+
+
+def division_operands():
+    a = special((7, 9), seed=13)
+    b = special((7, 9), seed=14)
+    a.view(-1)[5:14] = torch.tensor([-1.4, 1.4, -0.7, 2.1, -3.0, 3.0, 5.0, -5.0, 1e-30])
+    b.view(-1)[5:14] = torch.tensor([0.7, -0.7, 0.7, -0.7, 2.0, -2.0, 0.0, -0.0, 3.0])
+    return a, b
+
+
+def test_fmod_remainder_and_floor_division_give_pytorchs_values():
+    """Both zeros (a zero remainder keeps the dividend's sign; numpy's would take the
+    divisor's), infinities, NaN, zero divisors, exact multiples, negative divisors."""
+    a, b = division_operands()
+
+    def f(a, b):
+        return (
+            torch.fmod(a, b),
+            torch.remainder(a, b),
+            torch.div(a, b, rounding_mode="floor"),
+            torch.div(a, b, rounding_mode="trunc"),
+            a // b,
+            torch.remainder(a, -0.7),
+            torch.fmod(a, 2.5),
+            torch.div(a, -1.5, rounding_mode="floor"),
+        )
+
+    got = compile_and_compare(f, a, b)
+    for g, w in zip(got, f(a, b), strict=True):
+        num = ~w.isnan()  # a NaN's sign bit is not part of its value
+        assert torch.equal(g.cpu().signbit()[num], w.signbit()[num])
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(f, a, b)) == []
+
+
+def test_integer_division_modes_stay_the_call():
+    """A zero integer divisor raises in PyTorch; a kernel cannot, so they stay the op."""
+    a, b = torch.arange(-6, 6), torch.tensor([3, -2, 5, 1] * 3)
+    compile_and_compare(lambda a, b: (a // b + 1, torch.remainder(a, b) * 2), a, b)
+    ops = host_ops(last_compiled().compiled.program)
+    assert ops == ["aten.floor_divide.default", "aten.remainder.Tensor"], ops
