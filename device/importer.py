@@ -129,6 +129,7 @@ class _Importer:
         self.custom_nodes: dict[str, int] = {}  # node -> tensor operands (device custom ops)
         self.results: dict[str, tuple[str, ...]] = {}  # a multi-result node -> each result
         self.size_values: dict[str, object] = {}  # graph input -> its size expression
+        self.constants: dict[str, object] = {}  # FX node -> its value, where constant
         self.count = 0
 
     def fresh(self, stem: str) -> str:
@@ -570,6 +571,106 @@ def _h_expand(imp: _Importer, node: torch.fx.Node):
     return imp.add(
         Node(node.name, "Expand", (imp.env[node.args[0].name],), (shape,), dtype, shape), node.name
     )
+
+
+_CONST_LIMIT = 1 << 20  # elements: larger constants are not evaluated at import
+
+
+class _ReadsInputError(Exception):
+    """An FX node's value depends on a graph input (not a constant)."""
+
+
+def _constant(node, memo: dict):
+    """The value of an FX node computed from constants alone (no graph input), evaluated on
+    the CPU with PyTorch's own ops; None where it reads an input, draws random numbers or
+    is large. Index tensors PyTorch's decompositions build (arange, scaled, cast) are."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    if node.name in memo:
+        return memo[node.name]
+    memo[node.name] = None
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+        return None
+
+    def conv(a):
+        if isinstance(a, torch.fx.Node):
+            v = _constant(a, memo)
+            if v is None:
+                raise _ReadsInputError
+            return v
+        if isinstance(a, list | tuple):
+            return type(a)(conv(x) for x in a)
+        if isinstance(a, torch.device):
+            return torch.device("cpu")
+        return a
+
+    try:
+        args = conv(node.args)
+        kwargs = {k: conv(v) for k, v in node.kwargs.items()}
+    except _ReadsInputError:
+        return None
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.numel() > _CONST_LIMIT:
+        return None
+    memo[node.name] = target(*args, **kwargs)
+    return memo[node.name]
+
+
+def _repeat_factors(imp, xn: Node, indices, axes: list[int], shape) -> dict | None:
+    """{axis: k} where each index of ``axes`` is the constant arange(k * n) // k laid out
+    along its own output axis; None otherwise."""
+    memo = imp.constants
+    factors = {}
+    for d in axes:
+        t = _constant(indices[d], memo)
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32):
+            return None
+        n, out = xn.shape[d], shape[d]
+        if n <= 0 or out % n or t.dim() > len(axes):
+            return None
+        k = out // n
+        layout = [out if e == d else 1 for e in axes][len(axes) - t.dim() :]
+        want = (torch.arange(out) // k).view(*layout)
+        if t.shape != want.shape or not torch.equal(t.to(torch.int64), want):
+            return None
+        factors[d] = k
+    return factors
+
+
+def _h_index_repeat(imp: _Importer, node: torch.fx.Node):
+    """x[..., i_h, i_w] with constant indices that repeat each element k times along their
+    axes (i = arange(k * n) // k: nearest upsampling by an integer factor, as PyTorch's
+    decomposition writes it): a View splitting each axis, an Expand of the new unit axes to
+    k, a View merging them. The indices are evaluated and compared exactly; anything else
+    stays the op."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    x, indices = node.args[:2]
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = _tensor_type(node)
+    axes = [d for d, t in enumerate(indices) if t is not None]
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)) or len(indices) > len(xn.shape):
+        return None
+    if len(shape) != len(xn.shape):
+        return None
+    with unset_fake_temporarily():  # backends run under the tracer's fake mode
+        factors = _repeat_factors(imp, xn, indices, axes, shape)
+    if factors is None:
+        return None
+    split, expanded = [], []
+    for d, n in enumerate(xn.shape):
+        split.append(n)
+        expanded.append(n)
+        if d in factors:
+            split.append(1)
+            expanded.append(factors[d])
+    split, expanded = tuple(split), tuple(expanded)
+    v = imp.add(Node(imp.fresh("repeat_split"), "View", (xn.name,), (split,), dtype, split))
+    e = imp.add(Node(imp.fresh("repeat"), "Expand", (v,), (expanded,), dtype, expanded))
+    return imp.add(Node(node.name, "View", (e,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 
 def _h_full(imp: _Importer, node: torch.fx.Node):
@@ -1403,6 +1504,8 @@ _HANDLERS = {
     "aten.native_layer_norm.default": _h_layer_norm,
     "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
     "aten.native_group_norm.default": _h_group_norm,
+    "aten._unsafe_index.Tensor": _h_index_repeat,
+    "aten.index.Tensor": _h_index_repeat,
     "aten.div.Tensor_mode": _h_div_mode,
     "aten.div.Scalar_mode": _h_div_mode,
     "aten.convolution.default": _h_convolution,

@@ -136,6 +136,10 @@ GRAPHS = {
     "(output r)\n(output s)",
     "division": "(input a f32 [43])\n(input b f32 [43])\n(let r (Add (Fmod a b) "
     "(Mul (Remainder a b) (FloorDiv a b))))\n(output r)",
+    # nearest upsampling by 2 and 3 as the importer writes it: split, expand, merge
+    "repeat_upsample": "(input x f32 [2 3 4])\n(let v (View x [2 3 1 4 1]))\n"
+    "(let e (Expand v [2 3 2 4 3]))\n(let u (View e [2 6 12]))\n"
+    "(let r (Mul u (Scalar 2.0 f32)))\n(output r)",
     # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
     "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
     "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",

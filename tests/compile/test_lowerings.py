@@ -869,3 +869,46 @@ def test_integer_division_modes_stay_the_call():
     compile_and_compare(lambda a, b: (a // b + 1, torch.remainder(a, b) * 2), a, b)
     ops = host_ops(last_compiled().compiled.program)
     assert ops == ["aten.floor_divide.default", "aten.remainder.Tensor"], ops
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        dict(scale_factor=2),
+        dict(scale_factor=(3, 2)),
+        dict(size=(8, 15)),  # 4 x 5 -> factors 2 and 3
+    ],
+)
+def test_nearest_upsampling_by_whole_factors_is_a_broadcast(call):
+    """PyTorch decomposes nearest upsampling into an index with computed positions; where
+    they are arange(k * n) // k (checked exactly at import), the result is x with each
+    element repeated k times: a View, an Expand and a View (one copy kernel)."""
+    x = special((2, 3, 4, 5), seed=15)
+
+    def f(x):
+        return torch.nn.functional.interpolate(x, **call) * 2
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(f, x)) == []
+
+
+def test_nearest_upsampling_of_other_ranks_and_a_fractional_size():
+    x1 = special((2, 3, 6), seed=16)
+    compile_and_compare(lambda x: torch.nn.functional.interpolate(x, scale_factor=4), x1)
+    assert host_ops(last_compiled().compiled.program) == []
+    x3 = special((1, 2, 3, 2, 4), seed=17)
+    compile_and_compare(lambda x: torch.nn.functional.interpolate(x, scale_factor=2), x3)
+    assert host_ops(last_compiled().compiled.program) == []
+    # 4 -> 6 rows is not a whole factor: PyTorch's index stays the op (values as PyTorch)
+    x = special((1, 2, 4, 4), seed=18)
+    compile_and_compare(lambda x: torch.nn.functional.interpolate(x, size=(6, 8)), x)
+    assert any("index.Tensor" in op for op in host_ops(last_compiled().compiled.program))
+
+
+def test_an_index_that_is_not_a_repeat_stays_the_op():
+    x = special((5, 4), seed=19)
+    idx = torch.tensor([0, 0, 1, 3, 3, 2])
+    compile_and_compare(lambda x, i: x[i] + 1, x, idx)  # an input: not a constant
+    compile_and_compare(lambda x: x[torch.tensor([0, 0, 1, 1, 2, 3], device=x.device)], x)
+    assert "aten.index.Tensor" in host_ops(last_compiled().compiled.program)
