@@ -673,6 +673,86 @@ def _h_index_repeat(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "View", (e,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 
+CAT_CHUNKS = 4  # most pieces a concatenation is cut into (each output element reads one per piece)
+
+
+def _h_cat(imp: _Importer, node: torch.fx.Node):
+    """cat(tensors, dim) as a selection among equal pieces: every input cut along ``dim``
+    into pieces of g = gcd of the lengths (Slice views), each viewed with a new axis of
+    length K (the piece count) before ``dim`` (a broadcast), ``Where(piece == j, ...)``
+    picking piece j at position j of that axis, and a View merging the two axes. Each
+    output element is a copy of one input element (exact for every value), read through
+    views only: no read outside any input. Declined past CAT_CHUNKS pieces (each output
+    element loads every piece), for empty inputs and symbolic lengths."""
+    tensors = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    dtype, shape = _tensor_type(node)
+    if not isinstance(tensors, list | tuple) or len(tensors) < 2 or type(dim) is not int:
+        return None
+    nodes = [imp.g.nodes[imp.env[t.name]] for t in tensors]
+    rank = len(shape)
+    if rank == 0 or any(len(n.shape) != rank for n in nodes):
+        return None
+    dim %= rank
+    lengths = [n.shape[dim] for n in nodes]
+    if any(n <= 0 or n >= min(MARKERS) for n in lengths):
+        return None
+    g = math.gcd(*lengths)
+    k = sum(n // g for n in lengths)
+    if k > CAT_CHUNKS:
+        return None
+    piece = tuple(g if d == dim else s for d, s in enumerate(shape))
+    wide = (*shape[:dim], 1, g, *shape[dim + 1 :])
+    grid = (*shape[:dim], k, g, *shape[dim + 1 :])
+    pieces = []
+    for n in nodes:
+        src = imp.cast(n.name, dtype)
+        for start in range(0, n.shape[dim], g):
+            sl = imp.add(
+                Node(
+                    imp.fresh("cat_piece"),
+                    "Slice",
+                    (src,),
+                    (dim, start, start + g, 1),
+                    dtype,
+                    piece,
+                )
+            )
+            v = imp.add(Node(imp.fresh("cat_axis"), "View", (sl,), (wide,), dtype, wide))
+            pieces.append(
+                imp.add(Node(imp.fresh("cat_wide"), "Expand", (v,), (grid,), dtype, grid))
+            )
+    at = tuple(k if d == dim else 1 for d in range(rank + 1))
+    iota = imp.add(Node(imp.fresh("cat_iota"), "Arange", (), (0, 1, k, "i64"), "i64", (k,)))
+    iota = imp.add(Node(imp.fresh("cat_iota_view"), "View", (iota,), (at,), "i64", at))
+    out = pieces[-1]
+    for j in range(k - 2, -1, -1):
+        sel = imp.add(
+            Node(imp.fresh("cat_sel"), "Eq", (iota, imp.scalar(j, "i64")), (), "bool", at)
+        )
+        out = imp.add(Node(imp.fresh("cat_where"), "Where", (sel, pieces[j], out), (), dtype, grid))
+    return imp.add(Node(node.name, "View", (out,), (tuple(shape),), dtype, tuple(shape)), node.name)
+
+
+def _h_repeat(imp: _Importer, node: torch.fx.Node):
+    """x.repeat(r0, ..., rm): each axis tiled, out[.., i, ..] = x[.., i % n, ..]: x viewed
+    with a unit axis before each of its axes (and leading ones for new axes), expanded to
+    the repeat counts, merged pairwise by a View. Copies of x's elements (exact)."""
+    xn = imp.g.nodes[imp.env[node.args[0].name]]
+    reps = list(node.args[1])
+    dtype, shape = _tensor_type(node)
+    if not all(type(r) is int and r >= 1 for r in reps) or len(reps) < len(xn.shape):
+        return None
+    sizes = [1] * (len(reps) - len(xn.shape)) + list(xn.shape)
+    if any(n >= min(MARKERS) for n in sizes):
+        return None
+    split = tuple(v for n in sizes for v in (1, n))
+    grid = tuple(v for r, n in zip(reps, sizes, strict=True) for v in (r, n))
+    v = imp.add(Node(imp.fresh("tile_split"), "View", (xn.name,), (split,), dtype, split))
+    e = imp.add(Node(imp.fresh("tile"), "Expand", (v,), (grid,), dtype, grid))
+    return imp.add(Node(node.name, "View", (e,), (tuple(shape),), dtype, tuple(shape)), node.name)
+
+
 def _h_full(imp: _Importer, node: torch.fx.Node):
     """full(size, value) and full_like(x, value): the scalar broadcast to the result's
     (known) shape, in the result's dtype (full_like reads only x's shape)."""
@@ -1504,6 +1584,8 @@ _HANDLERS = {
     "aten.native_layer_norm.default": _h_layer_norm,
     "aten._native_batch_norm_legit_no_training.default": _h_batch_norm,
     "aten.native_group_norm.default": _h_group_norm,
+    "aten.cat.default": _h_cat,
+    "aten.repeat.default": _h_repeat,
     "aten._unsafe_index.Tensor": _h_index_repeat,
     "aten.index.Tensor": _h_index_repeat,
     "aten.div.Tensor_mode": _h_div_mode,

@@ -140,6 +140,12 @@ GRAPHS = {
     "repeat_upsample": "(input x f32 [2 3 4])\n(let v (View x [2 3 1 4 1]))\n"
     "(let e (Expand v [2 3 2 4 3]))\n(let u (View e [2 6 12]))\n"
     "(let r (Mul u (Scalar 2.0 f32)))\n(output r)",
+    # cat([a, b], 1) as the importer writes it: pieces widened by a broadcast, selected
+    "cat_pieces": "(input a f32 [4 6])\n(input b f32 [4 6])\n"
+    "(let pa (Expand (View a [4 1 6]) [4 2 6]))\n(let pb (Expand (View b [4 1 6]) [4 2 6]))\n"
+    "(let i (View (Arange 0 1 2 i64) [1 2 1]))\n"
+    "(let w (Where (Eq i (Scalar 0 i64)) pa pb))\n(let r (Mul (View w [4 12]) (Scalar 2.0 f32)))\n"
+    "(output r)",
     # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
     "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
     "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",

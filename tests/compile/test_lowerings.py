@@ -912,3 +912,33 @@ def test_an_index_that_is_not_a_repeat_stays_the_op():
     compile_and_compare(lambda x, i: x[i] + 1, x, idx)  # an input: not a constant
     compile_and_compare(lambda x: x[torch.tensor([0, 0, 1, 1, 2, 3], device=x.device)], x)
     assert "aten.index.Tensor" in host_ops(last_compiled().compiled.program)
+
+
+CAT_CASES = {
+    "equal halves, last axis": lambda a, b: torch.cat([a, b * 2], -1),
+    "rotate half": lambda a, b: torch.cat([-a[..., 3:], a[..., :3]], -1) * b,
+    "lengths 2 and 4": lambda a, b: torch.cat([a[:, :2], b[:, :4]], 1),
+    "three inputs, first axis": lambda a, b: torch.cat([a, b, a - b], 0),
+    "stack": lambda a, b: torch.stack([a, b], 1) + 1,
+    "promoted dtypes": lambda a, b: torch.cat([a, (b > 0).to(torch.int64)], 1),
+    "repeat": lambda a, b: a.repeat(2, 1, 3) - b.repeat(1, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CAT_CASES))
+def test_concatenation_selects_among_equal_pieces(case):
+    """cat as Where over pieces of gcd length viewed with a new axis (broadcasts), merged
+    by a View; repeat as a tiled Expand: copies of elements, special values included."""
+    fn = CAT_CASES[case]
+    a, b = special((4, 6), seed=20), special((4, 6), seed=21)
+    compile_and_compare(fn, a, b)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(fn, a, b)) == []
+
+
+def test_concatenation_of_many_pieces_stays_the_op():
+    """Lengths 3 and 4 cut into 7 pieces of 1: each output element would load all seven,
+    so the op stays PyTorch's."""
+    a, b = special((2, 3), seed=22), special((2, 4), seed=23)
+    compile_and_compare(lambda a, b: torch.cat([a, b], 1) + 1, a, b)
+    assert host_ops(last_compiled().compiled.program) == ["aten.cat.default"]
