@@ -293,6 +293,8 @@ OPS: tuple[Op, ...] = (
         flops=2,
     ),
     _ew("Log1p", 1, "math.log1p({0})", _unary(np.log1p), aten=("aten.log1p.default",), flops=5),
+    _ew("Sin", 1, "math.sin({0})", _unary(np.sin), aten=("aten.sin.default",), flops=8),
+    _ew("Cos", 1, "math.cos({0})", _unary(np.cos), aten=("aten.cos.default",), flops=8),
     _ew("Expm1", 1, "math.expm1({0})", _unary(np.expm1), aten=("aten.expm1.default",), flops=5),
     _ew("Tanh", 1, "math.tanh({0})", _unary(np.tanh), aten=("aten.tanh.default",), flops=6),
     # rounding to integral values: -0.0, infinities and NaN kept; Round is half to even

@@ -96,6 +96,8 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
         "Expm1",
         "Log",
         "Log1p",
+        "Sin",
+        "Cos",
         "Atan2",
         "Fmod",
         "Remainder",

@@ -129,6 +129,9 @@ GRAPHS = {
     "(param b f32 [136])\n(let r (LayerNorm x w b [2] 1e-05))\n(output r)",
     # log1p of |x| (Python's math.log1p, which the simulator runs, raises below -1),
     # expm1 and atan2 with NaN, infinities and both zeros
+    # sin and cos (of tanh: Python's math.sin, which the simulator runs, raises for inf)
+    "sin_cos": "(input a f32 [37])\n(let t (Tanh a))\n"
+    "(let r (Sin t))\n(let s (Cos t))\n(output r)\n(output s)",
     "log1p_expm1_atan2": "(input a f32 [37])\n(input b f32 [37])\n"
     "(let r (Add (Log1p (Abs a)) (Atan2 (Expm1 b) a)))\n(output r)",
     "rounding": "(input x f32 [41])\n(input y f64 [41])\n(let r (Add (Add (Floor x) "
