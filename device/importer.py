@@ -1487,6 +1487,65 @@ def _above_neg_inf(imp: _Importer, xn: Node) -> str | None:
     return y if ok else None
 
 
+def _h_argext(kind: str):
+    """argmax/argmin(x, dim, keepdim): the first index holding the row's extreme, NaN
+    counting as the extreme (PyTorch returns the first NaN's index). Written as the
+    extreme m (Amax/Amin, NaN-propagating), the positions where x == m or x is NaN (with a
+    NaN in the row, m is NaN and only NaN positions match; without, no position is NaN),
+    their indices (others n), and the least of them. Ties (both zeros included) give the
+    first index, as PyTorch's strict comparison does."""
+    ext = "Amax" if kind == "max" else "Amin"
+
+    def handler(imp: _Importer, node: torch.fx.Node):
+        xn = imp.g.nodes[imp.env[node.args[0].name]]
+        args = list(node.args) + [None] * 2
+        dim = args[1] if args[1] is not None else node.kwargs.get("dim")
+        keepdim = bool(args[2] if args[2] is not None else node.kwargs.get("keepdim", False))
+        dtype, shape = _tensor_type(node)
+        if xn.dtype not in ot.DEVICE_NUMERIC or dtype != "i64" or not xn.shape:
+            return None
+        x = xn.name
+        if dim is None:
+            if keepdim:
+                return None
+            flat = (math.prod(xn.shape),)
+            x = imp.add(Node(imp.fresh("arg_flat"), "View", (x,), (flat,), xn.dtype, flat))
+            xshape, d = flat, 0
+        else:
+            xshape, d = xn.shape, dim % len(xn.shape)
+        n = xshape[d]
+        if n <= 0 or n >= min(MARKERS):
+            return None
+        kept = tuple(1 if e == d else v for e, v in enumerate(xshape))
+        m = imp.add(Node(imp.fresh("arg_ext"), ext, (x,), ((d,), 1), xn.dtype, kept))
+        hit = imp.add(Node(imp.fresh("arg_hit"), "Eq", (x, m), (), "bool", xshape))
+        if xn.dtype in ot.FLOATS:
+            nan = imp.add(Node(imp.fresh("arg_nan"), "Ne", (x, x), (), "bool", xshape))
+            hit = imp.add(
+                Node(
+                    imp.fresh("arg_pick"),
+                    "Where",
+                    (hit, imp.scalar(True, "bool"), nan),
+                    (),
+                    "bool",
+                    xshape,
+                )
+            )
+        at = tuple(n if e == d else 1 for e in range(len(xshape)))
+        iota = imp.add(Node(imp.fresh("arg_iota"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+        iota = imp.add(Node(imp.fresh("arg_iota_view"), "View", (iota,), (at,), "i64", at))
+        idx = imp.add(
+            Node(
+                imp.fresh("arg_idx"), "Where", (hit, iota, imp.scalar(n, "i64")), (), "i64", xshape
+            )
+        )
+        return imp.add(
+            Node(node.name, "Amin", (idx,), ((d,), int(keepdim)), "i64", shape), node.name
+        )
+
+    return handler
+
+
 def _h_any(imp: _Importer, node: torch.fx.Node):
     """any(x, dims, keepdim) over booleans = (number of trues > 0), the count an int64 Sum
     (exact: no reduction holds 2^63 elements). Other dtypes are declined."""
@@ -1541,6 +1600,8 @@ _HANDLERS = {
     "aten.sum.default": _h_sum_all,
     "aten.mean.dim": _h_reduce("Mean"),
     "aten.amax.default": _h_reduce("Amax"),
+    "aten.argmax.default": _h_argext("max"),
+    "aten.argmin.default": _h_argext("min"),
     "aten.amin.default": _h_reduce("Amin"),
     "aten.var.correction": _h_var,
     "aten.view.default": _h_shape_view,

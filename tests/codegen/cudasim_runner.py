@@ -149,6 +149,11 @@ GRAPHS = {
     "(let i (View (Arange 0 1 2 i64) [1 2 1]))\n"
     "(let w (Where (Eq i (Scalar 0 i64)) pa pb))\n(let r (Mul (View w [4 12]) (Scalar 2.0 f32)))\n"
     "(output r)",
+    # argmax as the importer writes it: the first index of the max, or of the first NaN
+    "argmax_rows": "(input x f32 [5 9])\n(let m (Amax x [1] 1))\n"
+    "(let h (Where (Eq x m) (Expand (Scalar 1 bool) [5 9]) (Ne x x)))\n"
+    "(let i (View (Arange 0 1 9 i64) [1 9]))\n(let j (Where h i (Scalar 9 i64)))\n"
+    "(let r (Amin j [1] 0))\n(output r)",
     # a reduction over axes 0 and 2: the importer's permuted view, reduced over its tail
     "reduce_permuted_tail": "(input x f32 [4 6 5])\n"
     "(let r (Sum (Permute x [1 0 2]) [1 2] 0))\n(output r)",

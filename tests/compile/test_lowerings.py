@@ -943,3 +943,30 @@ def test_concatenation_of_many_pieces_stays_the_op():
     a, b = special((2, 3), seed=22), special((2, 4), seed=23)
     compile_and_compare(lambda a, b: torch.cat([a, b], 1) + 1, a, b)
     assert host_ops(last_compiled().compiled.program) == ["aten.cat.default"]
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_argmax_and_argmin_give_the_first_extreme(kind):
+    """The first index of the row's extreme; a row with NaN gives its first NaN; ties
+    (both zeros, repeated values) the first of them; infinities as values."""
+    fn = getattr(torch, kind)
+    x = torch.randn(6, 7)
+    x[0, 2] = x[0, 5] = float("nan")  # two NaN: the first
+    x[1] = torch.tensor([-0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0])  # all ties
+    x[2, 1] = x[2, 4] = float("inf")
+    x[2, 3] = x[2, 6] = float("-inf")
+    x[3] = 3.0  # a constant row
+    x[4, 0] = float("nan")
+
+    def f(x):
+        return fn(x, 1), fn(x, 0, keepdim=True), fn(x), fn(x.to(torch.int64), -1)
+
+    compile_and_compare(f, x)
+    assert host_ops(last_compiled().compiled.program) == []
+    assert host_ops(gpu_program(f, x)) == []
+
+
+def test_argmax_over_all_axes_kept_stays_the_op():
+    x = special((3, 4), seed=24)
+    compile_and_compare(lambda x: torch.argmax(x, keepdim=True) + 1, x)
+    assert host_ops(last_compiled().compiled.program) == ["aten.argmax.default"]
