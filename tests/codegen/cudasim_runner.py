@@ -149,6 +149,13 @@ GRAPHS = {
     "(let i (View (Arange 0 1 2 i64) [1 2 1]))\n"
     "(let w (Where (Eq i (Scalar 0 i64)) pa pb))\n(let r (Mul (View w [4 12]) (Scalar 2.0 f32)))\n"
     "(output r)",
+    # a layer norm without affine (weight 1, bias -0.0 scalars) and a group norm's grouping
+    "rows_layer_norm_no_affine": "(input x f32 [6 70])\n"
+    "(let r (LayerNorm x (Scalar 1.0 f32) (Scalar -0.0 f32) [1] 1e-05))\n(output r)",
+    "group_norm": "(input x f32 [2 6 20])\n(param w f32 [6 1])\n(param b f32 [6 1])\n"
+    "(let g (View x [2 3 40]))\n"
+    "(let n (LayerNorm g (Scalar 1.0 f32) (Scalar -0.0 f32) [2] 1e-05))\n"
+    "(let r (Add (Mul (View n [2 6 20]) w) b))\n(output r)",
     # argmax as the importer writes it: the first index of the max, or of the first NaN
     "argmax_rows": "(input x f32 [5 9])\n(let m (Amax x [1] 1))\n"
     "(let h (Where (Eq x m) (Expand (Scalar 1 bool) [5 9]) (Ne x x)))\n"
