@@ -29,28 +29,10 @@ def convolution_backward(
 ):
     # the bias gradient is the sum of grad_out over all but the channel axis, whatever the
     # bias was; its size is the output's channel count
-    bias_sizes = [grad_out.shape[1]]
-    tensors = (grad_out, x, weight)
-    device = grad_out.device
-    for t in tensors:
-        if t.device != device:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two "
-                f"devices, {device} and {t.device}!"
-            )
-    torch.ops.saturn_rt.count_fallback("aten::convolution_backward_overrideable")
-    grads = torch.ops.aten.convolution_backward.default(
-        *(t.cpu() for t in tensors),
-        bias_sizes,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        output_padding,
-        groups,
-        mask,
-    )
-    return tuple(g.to(device) if g is not None else None for g in grads)
+    args = (grad_out, x, weight, [grad_out.shape[1]], stride, padding, dilation, transposed)
+    args += (output_padding, groups, mask)
+    op = torch.ops.aten.convolution_backward.default
+    return _cpu("convolution_backward_overrideable", op, args, {}, False)
 
 
 _lib.impl("convolution_overrideable", convolution, "PrivateUse1")

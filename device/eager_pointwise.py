@@ -382,6 +382,8 @@ def _cpu(name: str, op, args: tuple, kwargs: dict, inplace: bool):
     res = op(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})
     if inplace:
         return args[0].copy_(res)
+    if isinstance(res, tuple):  # several results, some possibly not computed (None)
+        return tuple(r.to(device) if isinstance(r, torch.Tensor) else r for r in res)
     return res.to(device)  # where the op's saturn operand is (self may be a CPU number)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from saturn.codegen.attention import AttentionError, AttentionPlan, check_operands
 from saturn.codegen.gemm import Layout
+from saturn.eqsat.program import packed_strides
 
 from .custom_ops import count_fallback, custom_op
 from .importer import DTYPES
@@ -47,20 +48,12 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
         return False
     if v.shape[-1] != q.shape[-1]:  # a custom op's output is typed like its first operand
         return False
-    out = Layout(DTYPES[q.dtype], tuple(q.shape), _packed(q.shape))
+    out = Layout(DTYPES[q.dtype], tuple(q.shape), packed_strides(tuple(q.shape)))
     try:
         check_operands(_layout(q), _layout(k), _layout(v), out)
     except AttentionError:
         return False
     return True
-
-
-def _packed(shape) -> tuple[int, ...]:
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return tuple(reversed(st))
 
 
 def _run(out: torch.Tensor, q, k, v, scale: float) -> None:

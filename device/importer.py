@@ -361,13 +361,15 @@ class _Importer:
         operands = list(node.args)
         if len(operands) != row.arity:
             return None
-        if row.name in ("Fmod", "Remainder", "FloorDiv") and dtype not in ot.FLOATS:
-            return None  # integers: a zero divisor raises in PyTorch, a kernel cannot
         if row.name in ("Floor", "Ceil", "Trunc", "Round") and dtype not in ot.FLOATS:
             # rounding an integer tensor gives its values (PyTorch returns a copy; in a
             # functional graph the same value)
             src = self.env[operands[0].name]
             return src if self.g.nodes[src].dtype == dtype else None
+        if row.name in ot.FLOAT_OPERANDS and dtype not in ot.FLOATS:
+            # an integer result of a float-only row (integer fmod, remainder, floor
+            # division, where a zero divisor raises): PyTorch's op
+            return None
         if row.out_dtype == "bool":
             probes = [
                 torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
@@ -1055,7 +1057,8 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
     tail = (c,) + (1,) * (len(xn.shape) - 2)
     views = []
     for t, missing in ((w, 1.0), (b, -0.0), (rm, None), (rv, None)):
-        if t is None:  # no affine weight or bias: the exact identities, as in layer norm
+        if t is None:  # no affine weight or bias (running statistics are never missing
+            # here): the exact identities, as in layer norm
             views.append(imp.scalar(missing, xn.dtype))
             continue
         tn = imp.g.nodes[imp.env[t.name]]
@@ -1353,23 +1356,29 @@ def _h_clamp(kind: str):
             lo, hi = (rest[0] if rest else kw.pop("min", None)), None
         else:
             lo, hi = None, (rest[0] if rest else kw.pop("max", None))
-        dtype, shape = _tensor_type(node)
-        if kw or dtype != xn.dtype or (lo is None and hi is None):
-            return None
-        if not all(v is None or type(v) in (int, float) for v in (lo, hi)):
-            return None
-        if dtype in ot.INTS:  # a bound outside the dtype: PyTorch raises (the call does too)
-            info = np.iinfo(ot.NUMPY_DTYPE[dtype])
-            if not all(v is None or info.min <= v <= info.max for v in (lo, hi)):
-                return None
-        out = xn.name
-        for v, op in ((lo, "Maximum"), (hi, "Minimum")):
-            if v is not None:
-                out = _ew_node(imp, op, (out, v), dtype, shape)
-        imp.fx_names[out] = node.name
-        return out
+        return None if kw else _clamped(imp, node, xn, lo, hi)
 
     return handler
+
+
+def _clamped(imp: _Importer, node: torch.fx.Node, xn: Node, lo, hi) -> str | None:
+    """minimum(maximum(x, lo), hi) for number bounds (either may be None), named for
+    ``node``; None where a bound is a tensor, changes the dtype or lies outside it."""
+    dtype, shape = _tensor_type(node)
+    if dtype != xn.dtype or (lo is None and hi is None):
+        return None
+    if not all(v is None or type(v) in (int, float) for v in (lo, hi)):
+        return None
+    if dtype in ot.INTS:  # a bound outside the dtype: PyTorch raises (the call does too)
+        info = np.iinfo(ot.NUMPY_DTYPE[dtype])
+        if not all(v is None or info.min <= v <= info.max for v in (lo, hi)):
+            return None
+    out = xn.name
+    for v, op in ((lo, "Maximum"), (hi, "Minimum")):
+        if v is not None:
+            out = _ew_node(imp, op, (out, v), dtype, shape)
+    imp.fx_names[out] = node.name
+    return out
 
 
 def _h_hardtanh(imp: _Importer, node: torch.fx.Node):
@@ -1378,13 +1387,7 @@ def _h_hardtanh(imp: _Importer, node: torch.fx.Node):
     args = list(node.args) + [None] * 2
     lo = args[1] if args[1] is not None else node.kwargs.get("min_val", -1.0)
     hi = args[2] if args[2] is not None else node.kwargs.get("max_val", 1.0)
-    clamp = _with_args(node, (node.args[0], lo, hi))
-    return _h_clamp("clamp")(imp, clamp)
-
-
-def _with_args(node: torch.fx.Node, args: tuple):
-    """A stand-in for ``node`` with other arguments (handlers read args, kwargs, meta)."""
-    return type("Call", (), {"args": args, "kwargs": {}, "name": node.name, "meta": node.meta})()
+    return _clamped(imp, node, imp.g.nodes[imp.env[node.args[0].name]], lo, hi)
 
 
 def _h_sign(imp: _Importer, node: torch.fx.Node):

@@ -61,6 +61,41 @@ ITEMSIZE = {
 }
 
 
+# Ops defined on floating operands only (an integer operand is a type error in a graph;
+# the importer leaves such an ATen call as PyTorch's op).
+FLOAT_OPERANDS = frozenset(
+    (
+        "Mean",
+        "Div",
+        "Exp",
+        "Expm1",
+        "Log",
+        "Log1p",
+        "Sin",
+        "Cos",
+        "Atan2",
+        "Fmod",
+        "Remainder",
+        "FloorDiv",
+        "Floor",
+        "Ceil",
+        "Trunc",
+        "Round",
+        "Sqrt",
+        "Rsqrt",
+        "Tanh",
+        "Sigmoid",
+        "Erf",
+        "Gelu",
+        "GeluTanh",
+        "Silu",
+        "Softmax",
+        "LogSoftmax",
+        "LayerNorm",
+    )
+)
+
+
 def is_float(dtype: str) -> bool:
     return dtype in FLOATS
 
@@ -193,25 +228,17 @@ def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """PyTorch's div_floor_floating, elementwise."""
-    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
-    t = np.result_type(a, b).type
-    out = np.empty(a.shape, np.result_type(a, b))
-    for i in np.ndindex(a.shape):
-        x, y = t(a[i]), t(b[i])
-        if y == 0:
-            out[i] = x / y
-            continue
-        m = np.fmod(x, y)
-        d = (x - m) / y
-        if m != 0 and ((y < 0) != (m < 0)):
-            d = d - t(1)
-        if d == 0:
-            out[i] = np.copysign(t(0), x / y)
-            continue
-        f = np.floor(d)
-        out[i] = f + t(1) if d - f > t(0.5) else f
-    return out
+    """PyTorch's div_floor_floating: the quotient of a - fmod(a, b), one less where the
+    signs differ, floored with a correction past .5, a zero carrying the sign of a / b,
+    and a / b where b is 0."""
+    q = np.true_divide(a, b)
+    m = np.fmod(a, b)
+    d = (a - m) / b
+    d = np.where((m != 0) & ((b < 0) != (m < 0)), d - 1, d)
+    f = np.floor(d)
+    f = np.where(d - f > 0.5, f + 1, f)
+    f = np.where(d == 0, np.copysign(np.zeros_like(q), q), f)
+    return np.where(b == 0, q, f).astype(q.dtype)
 
 
 def _unary(fn: Callable) -> Callable:

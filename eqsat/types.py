@@ -89,35 +89,7 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
         return dtypes[1]
     if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION) and len(set(dtypes)) > 1:
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
-    if row.name in (
-        "Mean",
-        "Div",
-        "Exp",
-        "Expm1",
-        "Log",
-        "Log1p",
-        "Sin",
-        "Cos",
-        "Atan2",
-        "Fmod",
-        "Remainder",
-        "FloorDiv",
-        "Floor",
-        "Ceil",
-        "Trunc",
-        "Round",
-        "Sqrt",
-        "Rsqrt",
-        "Tanh",
-        "Sigmoid",
-        "Erf",
-        "Gelu",
-        "GeluTanh",
-        "Silu",
-        "Softmax",
-        "LogSoftmax",
-        "LayerNorm",
-    ) and not ot.is_float(dtypes[0]):
+    if row.name in ot.FLOAT_OPERANDS and not ot.is_float(dtypes[0]):
         raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")
     return dtypes[0]
 

@@ -180,6 +180,14 @@ def test_sizes_used_as_values_are_inputs_made_per_call(dev, dtype):
     assert isinstance(recipe, SymbolicRecipe) and recipe.built == 3
     assert len(recipe.size_values) == 2  # n and n - 1
     assert [s.dtype for s in recipe.template.inputs[:2]] == [torch.int64, torch.int64]
+    # made once per size, not per call: a repeated size reuses its tensors
+    assert len(recipe.value_inputs) == 3
+    last = next(reversed(recipe.value_inputs))  # the sizes of the last call (n = 9)
+    made = [id(t) for t in recipe.value_inputs[last]]
+    assert sorted(int(t) for t in recipe.value_inputs[last]) == [8, 9]
+    fn(x.to(dev))
+    assert len(recipe.value_inputs) == 3
+    assert [id(t) for t in recipe.value_inputs[last]] == made
 
 
 def test_a_size_passed_to_a_host_call_runs_uncompiled_with_a_reason():
