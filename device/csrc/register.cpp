@@ -105,7 +105,10 @@ TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
-  using at::IntArrayRef;  // the shared lists spell signatures inside namespace at
+  // the shared lists spell signatures inside namespace at, and which names they use
+  // varies by release (2.11's list names DimnameList, 2.14's does not)
+  using at::DimnameList;
+  using at::IntArrayRef;
   using at::Scalar;
   using at::ScalarType;
   using at::Tensor;
