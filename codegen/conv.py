@@ -16,6 +16,7 @@ accumulate in float32, and one kernel adds the two into the output.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,18 @@ class ConvError(RuntimeError):
 
 
 _HANDLES: dict[int, object] = {}
+
+
+@functools.cache
+def cudnn_unavailable() -> str | None:
+    """Why cuDNN plans cannot be made here (None when they can): its Python frontend is an
+    optional package, so a GPU graph with a convolution is declined at compile time rather
+    than failing at its first call."""
+    try:
+        import cudnn  # noqa: F401
+    except ImportError as e:
+        return f"cuDNN's Python frontend (the nvidia-cudnn-frontend package) is missing: {e}"
+    return None
 
 
 def _handle(stream: int):

@@ -181,6 +181,11 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         machine="gpu" if device.index >= 1 else "cpu-reference",
         io_on_device=io_on_device,
     )
+    if device.index >= 1 and any(k.kind == "conv" for k in compiled.program.kernels):
+        from saturn.codegen.conv import cudnn_unavailable
+
+        if (why := cudnn_unavailable()) is not None:
+            raise UnsupportedError(f"a convolution on {device}: {why}")
     outs = imported.graph.outputs
     spec, k = [], 0
     for o in imported.outputs:

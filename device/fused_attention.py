@@ -17,6 +17,7 @@ import threading
 import torch
 
 from saturn.codegen.attention import AttentionError, AttentionPlan, check_operands
+from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
 
@@ -45,6 +46,8 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
     if any(t.device.type != "saturn" or t.device.index < 1 for t in (q, k, v)):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4 or v.dim() != 4:
+        return False
+    if cudnn_unavailable() is not None:
         return False
     if v.shape[-1] != q.shape[-1]:  # a custom op's output is typed like its first operand
         return False
