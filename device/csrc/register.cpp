@@ -106,8 +106,10 @@ TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   // the shared lists spell signatures inside namespace at, and which names they use
-  // varies by release (2.11's list names DimnameList, 2.14's does not)
+  // varies by release: 2.11's names DimnameList; 2.14 has no named tensors at all
+#if __has_include(<ATen/core/Dimname.h>)
   using at::DimnameList;
+#endif
   using at::IntArrayRef;
   using at::Scalar;
   using at::ScalarType;
