@@ -33,6 +33,7 @@ import logging
 import threading
 import weakref
 
+import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
@@ -71,6 +72,10 @@ class GpuRunner:
         cc = torch.saturn.get_device_capability(self.device)
         self.stream = torch.saturn.stream_handle(self.device)
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
+        self.takes: dict[str, cg.TakeKernel] = {}
+        # row takes raise a device word on an index out of range, read after every call
+        self.err_word: torch.Tensor | None = None
+        self._err_host = np.zeros(1, dtype=np.int32)
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
@@ -83,6 +88,11 @@ class GpuRunner:
                         self.custom[s.output] = resolve(s.kernel.attrs["name"], recipe.host_calls)
                     except RuntimeError as e:  # e.g. the built-in "rmsnorm" pattern's kernel
                         raise NotImplementedError(str(e)) from None
+                elif s.kind == "kernel" and s.kernel.kind == "gather":
+                    table, index = s.kernel.inputs
+                    self.takes[s.output] = cg.TakeKernel(
+                        cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
+                    )
                 elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
         # device memory is made at the first call: compilation runs under fake tensors
@@ -133,6 +143,8 @@ class GpuRunner:
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
+            if self.takes:
+                self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
                 for s in prog.steps
@@ -241,6 +253,15 @@ class GpuRunner:
                 workspace=lambda n: self._kernel_workspace(s.output, n),
             )
             return
+        if k.kind == "gather":
+            table, index = ops
+            self.takes[s.output].launch(
+                self.stream,
+                (out.data_ptr(), table.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
+                (tuple(table.shape), tuple(table.stride())),
+                (tuple(index.shape), tuple(index.stride())),
+            )
+            return
         if k.kind == "custom":
             op, build = self.custom[s.output]
             op.run_into(out, build(ops, k.attrs["eps_bits"]))
@@ -336,12 +357,35 @@ class GpuRunner:
             if not self.replay or self.calls == 1:
                 env = self._steps(prepared, stats)
                 outs = [env[v] for v in self.r.program.outputs]
+                self._check_indices()
                 return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
             outs, env = self._replayed(prepared, stats)
+            self._check_indices()
             if env is None:
                 stats.replayed = True
                 return self._hand_out(outs, self._captured_plan, prepared, given)
             return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
+
+    def _check_indices(self) -> None:
+        """Raise if a row take met an index out of range in this call (its kernel wrote
+        zeros there and read nothing): the error word is copied to the host after the
+        call's work, which waits for it (4 bytes; programs without takes skip this)."""
+        if self.err_word is None:
+            return
+        drv = _driver()
+        word = self.err_word.data_ptr()
+        self._check(
+            drv.cuMemcpyDtoHAsync(self._err_host.ctypes.data, word, 4, self.stream),
+            "cuMemcpyDtoHAsync",
+        )
+        self._check(drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        if self._err_host[0]:
+            self._err_host[0] = 0
+            self._check(drv.cuMemsetD32Async(word, 0, 1, self.stream), "cuMemsetD32Async")
+            raise IndexError(
+                "saturn: index out of range in a row take (embedding, index_select or "
+                "indexing along the first axis): every index must lie in [0, rows)"
+            )
 
     # --- outputs: lent out of the arena, copied out only when still held -----------------
 

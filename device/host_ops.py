@@ -49,7 +49,12 @@ def _prod(x, dims, keepdim):
     return x
 
 
+def _take(table, index):
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[1])
+
+
 ADAPTERS = {
+    "Take": _take,
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
     "Gelu": lambda x: torch.ops.aten.gelu.default(x),
     "GeluTanh": lambda x: torch.ops.aten.gelu.default(x, approximate="tanh"),

@@ -675,6 +675,77 @@ def _h_index_repeat(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "View", (e,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 
+def _take_rows(
+    imp: _Importer, table: str, index: str, name: str, shape: tuple, fx: str | None = None
+) -> str | None:
+    """``table``'s slices along its first axis picked by ``index``, as graph node ``name``
+    of ``shape`` (index shape + the table's trailing shape): the table viewed as 2-D (rows x
+    the rest), a Take, and a View to ``shape``. None where the index is not i32/i64 (a bool
+    mask selects, not takes) or the shapes disagree."""
+    tn, xn = imp.g.nodes[table], imp.g.nodes[index]
+    dtype = tn.dtype
+    if xn.dtype not in ot.INDEX_DTYPES or not tn.shape:
+        return None
+    rest = tuple(tn.shape[1:])
+    if tuple(shape) != (*xn.shape, *rest):
+        return None
+    flat = (tn.shape[0], math.prod(rest))
+    if tuple(tn.shape) != flat:
+        table = imp.add(Node(imp.fresh("take_table"), "View", (table,), (flat,), dtype, flat))
+    taken = (*xn.shape, flat[1])
+    if taken == tuple(shape):
+        return imp.add(Node(name, "Take", (table, index), (), dtype, taken), fx)
+    t = imp.add(Node(imp.fresh("take"), "Take", (table, index), (), dtype, taken))
+    return imp.add(Node(name, "View", (t,), (tuple(shape),), dtype, tuple(shape)), fx)
+
+
+def _h_embedding(imp: _Importer, node: torch.fx.Node):
+    """embedding(weight, indices, ...): weight's rows (padding_idx and the gradient options
+    change only the backward)."""
+    weight, indices = (imp.env[a.name] for a in node.args[:2])
+    if len(imp.g.nodes[weight].shape) != 2:
+        return None
+    return _take_rows(imp, weight, indices, node.name, _tensor_type(node)[1], node.name)
+
+
+def _h_index_select(imp: _Importer, node: torch.fx.Node):
+    """index_select(x, dim, index): along the first axis a take; along another, the take
+    of x permuted to bring ``dim`` first, permuted back (both permutes are views)."""
+    x, dim, index = node.args[:3]
+    xn, inn = imp.g.nodes[imp.env[x.name]], imp.g.nodes[imp.env[index.name]]
+    rank = len(xn.shape)
+    dtype, shape = _tensor_type(node)
+    if rank == 0 or type(dim) is not int or len(inn.shape) > 1:
+        return None
+    dim %= rank
+    if dim == 0:
+        return _take_rows(imp, xn.name, inn.name, node.name, shape, node.name)
+    perm = (dim, *(d for d in range(rank) if d != dim))
+    moved = tuple(xn.shape[d] for d in perm)
+    p = imp.add(Node(imp.fresh("take_first"), "Permute", (xn.name,), (perm,), dtype, moved))
+    taken = (*inn.shape, *moved[1:]) if inn.shape else moved[1:]
+    if len(taken) != rank:
+        return None
+    t = _take_rows(imp, p, inn.name, imp.fresh("take_moved"), taken)
+    if t is None:
+        return None
+    back = tuple(sorted(range(rank), key=perm.__getitem__))
+    return imp.add(Node(node.name, "Permute", (t,), (back,), dtype, tuple(shape)), node.name)
+
+
+def _h_index(imp: _Importer, node: torch.fx.Node):
+    """x[index] with one integer index on the first axis: a take. Constant indices that
+    repeat elements (nearest upsampling) are views instead (``_h_index_repeat``)."""
+    done = _h_index_repeat(imp, node)
+    if done is not None:
+        return done
+    x, indices = node.args[:2]
+    if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+        return None
+    table, index = imp.env[x.name], imp.env[indices[0].name]
+    return _take_rows(imp, table, index, node.name, _tensor_type(node)[1], node.name)
+
+
 CAT_CHUNKS = 4  # most pieces a concatenation is cut into (each output element reads one per piece)
 
 
@@ -1651,7 +1722,9 @@ _HANDLERS = {
     "aten.cat.default": _h_cat,
     "aten.repeat.default": _h_repeat,
     "aten._unsafe_index.Tensor": _h_index_repeat,
-    "aten.index.Tensor": _h_index_repeat,
+    "aten.index.Tensor": _h_index,
+    "aten.embedding.default": _h_embedding,
+    "aten.index_select.default": _h_index_select,
     "aten.div.Tensor_mode": _h_div_mode,
     "aten.div.Scalar_mode": _h_div_mode,
     "aten.convolution.default": _h_convolution,

@@ -215,6 +215,8 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         return conv2d(
             operands[0], operands[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
         )
+    if k.kind == "gather":
+        return ot.op("Take").numpy(operands[0], operands[1])
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
         return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
     raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")

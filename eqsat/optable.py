@@ -109,6 +109,7 @@ MATMUL = "matmul"
 CONVOLUTION = "convolution"
 NORMALIZATION = "normalization"  # composite ops that decompose (softmax, layer norm, ...)
 COPY = "copy"
+GATHER = "gather"  # rows of a table picked by an index tensor
 CUSTOM = "custom"
 LEAF = "leaf"
 CATEGORIES = (
@@ -119,6 +120,7 @@ CATEGORIES = (
     CONVOLUTION,
     NORMALIZATION,
     COPY,
+    GATHER,
     CUSTOM,
     LEAF,
 )
@@ -239,6 +241,22 @@ def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     f = np.where(d - f > 0.5, f + 1, f)
     f = np.where(d == 0, np.copysign(np.zeros_like(q), q), f)
     return np.where(b == 0, q, f).astype(q.dtype)
+
+
+INDEX_DTYPES = ("i32", "i64")  # what a Take's index may be (PyTorch's index ops take these)
+
+
+def _take(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Rows of a 2-D table: ``out[i..., :] = table[index[i...], :]``. An index outside
+    [0, rows) raises IndexError, as PyTorch's embedding and index_select do (neither takes
+    negative indices)."""
+    index = np.asarray(index)
+    bad = (index < 0) | (index >= table.shape[0])
+    if bad.any():
+        raise IndexError(
+            f"index {int(index[bad].flat[0])} is out of range for a table of {table.shape[0]} rows"
+        )
+    return table[index]
 
 
 def _unary(fn: Callable) -> Callable:
@@ -672,6 +690,20 @@ OPS: tuple[Op, ...] = (
         dtypes=DEVICE_FLOATS,
         shape="conv2d",
     ),
+    # rows of a table (embedding, index_select along the first axis, x[index])
+    Op(
+        "Take",
+        GATHER,
+        2,
+        (),
+        (),
+        numpy=_take,
+        # moves bits only: every type the device stores (halves on GPU targets, see
+        # schema.half_facts)
+        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),
+        shape="take",
+        doc="table[index] along a 2-D table's first axis; an index out of range raises",
+    ),
     # custom ops found by opt-in patterns
     Op(
         "RMSNorm",
@@ -690,7 +722,7 @@ BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 
 # Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
 # so the schema and the consumers agree on them.
-KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Custom")
+KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Custom")
 # Leaves whose values the compiler knows: made once where the program reads them (a device
 # copy made once, not a crossing per call).
 CONSTANTS = ("Scalar", "Arange")

@@ -44,7 +44,7 @@ class Stage:
 
 @dataclass
 class Kernel:
-    kind: str  # loop | reduce | rows | gemm | conv | custom
+    kind: str  # loop | reduce | rows | gemm | conv | gather | custom
     output: str
     dtype: str
     shape: tuple[int, ...]
@@ -433,6 +433,8 @@ class _Lowering:
                 ops,
                 {"stride": st, "padding": pa, "dilation": di, "groups": g, "bias": len(ops) == 3},
             )
+        if en.op == "Gather":
+            return library("gather", list(en.kids), {})
         if en.op == "Custom":
             return library(
                 "custom", self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}

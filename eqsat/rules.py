@@ -25,6 +25,7 @@ DEFAULT_FILES = (
     "decompose.egg",
     "fusion.egg",
     "gemm.egg",
+    "gather.egg",
     "patterns.egg",
 )
 # Rulesets that run by default, in order within one iteration; analysis runs to a fixpoint

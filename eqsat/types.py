@@ -74,6 +74,12 @@ def conv_shape(x: Shape, w: Shape, stride, padding, dilation, groups) -> Shape:
     return (x[0], w[0], *hw)
 
 
+def take_shape(table: Shape, index: Shape) -> Shape:
+    if len(table) != 2:
+        raise ValueError(f"Take reads a 2-D table, got rank {len(table)}")
+    return (*index, table[1])
+
+
 def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Cast":
         return attrs[0]
@@ -87,6 +93,10 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
         if dtypes[1] != dtypes[2]:
             raise ValueError(f"Where's branches have dtypes {dtypes[1]} and {dtypes[2]}")
         return dtypes[1]
+    if row.name == "Take":
+        if dtypes[1] not in ot.INDEX_DTYPES:
+            raise ValueError(f"Take's index must be i32 or i64, got {dtypes[1]}")
+        return dtypes[0]
     if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION) and len(set(dtypes)) > 1:
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
     if row.name in ot.FLOAT_OPERANDS and not ot.is_float(dtypes[0]):
@@ -141,6 +151,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return (a[0], a[1], b[2])
     if rule == "conv2d":
         return conv_shape(shapes[0], shapes[1], *attrs)
+    if rule == "take":
+        return take_shape(shapes[0], shapes[1])
     raise ValueError(f"no shape rule {rule!r}")
 
 

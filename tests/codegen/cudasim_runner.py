@@ -552,8 +552,60 @@ def run_halves() -> int:
     return failures
 
 
+def run_takes() -> int:
+    """Row takes: tables of each element width, strided (transposed) tables and indices,
+    int32 and int64 indices of ranks 0 to 2, against numpy's take; then indices out of
+    range on both sides, which must set the error word and write zeros (the simulator
+    itself raises on a read past the table's end)."""
+    rng = np.random.default_rng(2)
+    failures = 0
+    cases = [
+        (np.float32, (7, 5), False, np.int64, (3, 4)),
+        (np.float64, (6, 3), True, np.int32, (5,)),
+        (np.uint8, (9, 4), False, np.int64, ()),
+        (np.int16, (4, 6), True, np.int64, (2, 3)),
+    ]
+    for dtype, tshape, transposed, itype, ishape in cases:
+        base = (rng.standard_normal(tshape[::-1] if transposed else tshape) * 50).astype(dtype)
+        table = base.T if transposed else base
+        # a strided index: every other element of a wider array
+        index = rng.integers(0, tshape[0], size=(*ishape, 2)).astype(itype)[..., 0]
+        width = table.itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        ts = [st // width for st in table.strides]
+        ist = [st // index.itemsize for st in index.strides]
+        g = cg.generate_take(width, {np.int32: "i32", np.int64: "i64"}[itype], index.ndim)
+        fn = cuda.jit(cg.python_function(g))
+        out = np.zeros(index.size * tshape[1], dtype=word)
+        err = np.zeros(1, dtype=np.int32)
+        flat_index = base_of(index).copy() if index.ndim else index.reshape(1).copy()
+        fn[2, 64](
+            out, base.reshape(-1).view(word), flat_index, err,
+            out.size, tshape[1], tshape[0], *ts, *index.shape, *ist,
+        )  # fmt: skip
+        got = out.view(dtype).reshape(*index.shape, tshape[1])
+        ok = np.array_equal(got, table[index]) and err[0] == 0
+        print(f"{'ok' if ok else 'FAIL'} take {np.dtype(dtype).name} {tshape} t={transposed} "
+              f"{np.dtype(itype).name}{list(ishape)}")  # fmt: skip
+        failures += not ok
+    # out of range: -1 and rows, next to valid ones (a table of 2 rows of 2 columns)
+    g = cg.generate_take(4, "i64", 1)
+    fn = cuda.jit(cg.python_function(g))
+    table = np.arange(4, dtype=np.float32)
+    index = np.array([1, -1, 2, 0], dtype=np.int64)
+    out = np.full(8, 5.0, dtype=np.float32)
+    err = np.zeros(1, dtype=np.int32)
+    fn[1, 32](out.view(np.uint32), table.view(np.uint32), index, err, 8, 2, 2, 2, 1, 4, 1)
+    want = np.array([2, 3, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+    ok = err[0] == 1 and np.array_equal(out, want)
+    print(f"{'ok' if ok else 'FAIL'} take out of range raises the word, writes zeros: {out}")
+    failures += not ok
+    return failures
+
+
 def main() -> int:
     failures = run_halves()
+    failures += run_takes()
     failures += run_copies()
     failures += run_all(GRAPHS)
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches

@@ -1,0 +1,150 @@
+"""Row takes in compiled graphs: embedding, index_select along any axis and x[index] run as
+one device kernel (``gather``) instead of a host op that copies the whole table across
+every call. Values against eager PyTorch on the CPU (bit for bit: a take moves bits), the
+program's steps as proof of where the work ran, and an index out of range raising
+IndexError as PyTorch does, on saturn:0 and (marker gpu) on saturn:1 under replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import saturn
+from saturn import backend
+
+from .helpers import DEV, compile_and_compare, last_compiled
+
+GPU = "saturn:1"
+
+
+def host_ops(prog) -> list[str]:
+    return [s.op.split("#")[0] for s in prog.steps if s.kind == "host"]
+
+
+def table(rows: int = 10, cols: int = 6, dtype=torch.float32) -> torch.Tensor:
+    t = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
+    t[0, :4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+    return t.to(dtype)
+
+
+CASES = {  # (function, index shape, index bound)
+    "embedding": (lambda t, i: torch.nn.functional.embedding(i, t) * 2, (2, 3), 10),
+    "index_select dim 0": (lambda t, i: t.index_select(0, i) + 1, (5,), 10),
+    "index_select dim 1": (lambda t, i: t.view(5, 2, 6).index_select(1, i) - 1, (3,), 2),
+    "index_select dim 2": (lambda t, i: t.view(2, 5, 6).index_select(2, i), (4,), 6),
+    "x[index] of a 3-D tensor": (lambda t, i: t.view(10, 3, 2)[i].sum(-1), (2, 2), 10),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_takes_are_device_kernels(name, index_dtype):
+    fn, ishape, bound = CASES[name]
+    t = table()
+    i = torch.randint(0, bound, ishape, generator=torch.Generator().manual_seed(1))
+    i.view(-1)[0] = 0  # the row holding NaN, both infinities and -0.0
+    compile_and_compare(fn, t, i.to(index_dtype))
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    assert [k.kind for k in prog.kernels].count("gather") == 1, prog.to_text()
+
+
+def test_an_embedding_layer_in_a_model():
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = torch.nn.Embedding(50, 16)
+            self.pos = torch.nn.Embedding(8, 16)
+            self.head = torch.nn.Linear(16, 50)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            return self.head(self.tok(ids) + self.pos(pos))
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 8))
+    compile_and_compare(LM(), ids, atol=2e-5)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and [k.kind for k in prog.kernels].count("gather") == 2
+
+
+def test_an_index_out_of_range_raises_and_the_next_call_runs():
+    t = table()
+
+    def f(t, i):
+        return torch.nn.functional.embedding(i, t) + 1
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="saturn", dynamic=False)
+    td = t.to(DEV)
+    good = torch.tensor([[1, 9], [0, 3]])
+    cf(td, good.to(DEV))
+    for bad in (10, -1):
+        with pytest.raises(IndexError, match="out of range"):
+            cf(td, torch.tensor([[1, bad], [0, 3]]).to(DEV))
+    torch.testing.assert_close(cf(td, good.to(DEV)).cpu(), f(t, good), equal_nan=True)
+
+
+def test_a_boolean_mask_is_not_a_take():
+    """x[mask] selects the rows where the mask is true (its length depends on the values):
+    the importer leaves it to PyTorch."""
+    t = table()
+    mask = torch.tensor([True, False] * 5)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t, m: t[m] * 2, backend="saturn")(t.to(DEV), mask.to(DEV))
+    torch.testing.assert_close(got.cpu(), t[mask] * 2, equal_nan=True)
+
+
+# --- on the GPU ---------------------------------------------------------------------------
+
+
+def compile_gpu(fn, *args):
+    torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
+    cf = torch.compile(fn, backend="saturn", dynamic=False)
+    cf(*args)
+    assert backend.CACHE.compiles == compiles + 1
+    return cf, last_compiled().recipe
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_takes_run_on_the_gpu_and_replay(dtype):
+    t = table(dtype=dtype) if dtype != torch.bool else table() > 0
+    i = torch.randint(0, 10, (4, 5), generator=torch.Generator().manual_seed(2))
+
+    def f(t, i):
+        return torch.nn.functional.embedding(i, t)
+
+    td, idd = t.to(GPU), i.to(GPU)
+    cf, recipe = compile_gpu(f, td, idd)
+    prog = recipe.program
+    assert host_ops(prog) == [] and [k.kind for k in prog.kernels] == ["gather"]
+    fb = saturn.fallback_counts()
+    for _ in range(3):  # step by step, captured, replayed
+        got = cf(td, idd)
+        torch.testing.assert_close(got.cpu(), f(t, i), rtol=0, atol=0, equal_nan=True)
+    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
+    assert recipe.runner.replays >= 1
+
+
+@pytest.mark.gpu
+def test_an_index_out_of_range_raises_on_the_gpu_under_replay():
+    t = table()
+
+    def f(t, i):
+        return torch.nn.functional.embedding(i, t) * 3
+
+    td = t.to(GPU)
+    good = torch.tensor([[1, 9], [0, 3]])
+    cf, recipe = compile_gpu(f, td, good.to(GPU))
+    bad_in = torch.tensor([[1, 2], [0, 3]]).to(GPU)  # the same buffer, its values changed
+    for _ in range(3):
+        cf(td, bad_in)
+    assert recipe.runner.replays >= 1
+    for bad in (10, -1, 2**40):
+        bad_in.copy_(torch.tensor([[1, bad], [0, 3]]))
+        with pytest.raises(IndexError, match="out of range"):
+            cf(td, bad_in)
+    bad_in.copy_(good)
+    torch.testing.assert_close(cf(td, bad_in).cpu(), f(t, good), equal_nan=True)

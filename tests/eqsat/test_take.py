@@ -1,0 +1,76 @@
+"""Row takes (``Take``: embedding, index_select, x[index]) in the compiler: placed as one
+device kernel that moves the selected rows' bits, declined for dtypes the target has no
+kernel for, and evaluated by the reference evaluator with PyTorch's range check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.errors import GraphError
+from saturn.eqsat.evaluate import eval_program
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.pipeline import compile_graph
+
+TEXT = """(input table {d} [10 4])
+(input idx {i} [2 3])
+(let t (Take table idx))
+(let r (Add t t))
+(output r)
+"""
+
+
+def compiled(dtype: str, machine: str, index: str = "i64"):
+    graph = parse_graph(TEXT.format(d=dtype, i=index))
+    return compile_graph(graph, machine=machine, io_on_device=machine == "gpu")
+
+
+def special_table(dtype: str) -> np.ndarray:
+    t = np.arange(40, dtype=np.float64).reshape(10, 4) - 20
+    t[0] = [np.nan, np.inf, -np.inf, -0.0]
+    return t.astype(ot.NUMPY_DTYPE[dtype])
+
+
+@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"])
+@pytest.mark.parametrize("index", ["i32", "i64"])
+def test_a_take_is_one_device_kernel_and_keeps_every_value(machine, index):
+    c = compiled("f32", machine, index)
+    kinds = [k.kind for k in c.program.kernels]
+    assert kinds == ["gather", "loop"] and c.program.count("host") == 0, c.program.to_text()
+    table = special_table("f32")
+    idx = np.array([[0, 9, 0], [3, 0, 1]], dtype=ot.NUMPY_DTYPE[index])
+    (got,) = eval_program(c.program, {"table": table, "idx": idx})
+    want = table[idx] + table[idx]
+    np.testing.assert_array_equal(got, want)  # NaN in place, both infinities, -0.0 + -0.0
+    assert np.signbit(got[0, 0, 3])
+
+
+def test_half_tables_take_on_the_gpu_and_stay_on_the_host_of_the_reference_device():
+    gpu = compiled("f16", "gpu")
+    assert [k.kind for k in gpu.program.kernels][:1] == ["gather"]
+    ref = compiled("f16", "cpu-reference")
+    hosts = [s.op for s in ref.program.steps if s.kind == "host"]
+    assert "Take" in hosts and all(k.kind != "gather" for k in ref.program.kernels)
+
+
+def test_an_index_out_of_range_raises_in_the_evaluator():
+    c = compiled("f32", "cpu-reference")
+    table = special_table("f32")
+    for bad in (10, -1):
+        idx = np.array([[0, 1, 2], [3, bad, 1]], dtype=np.int64)
+        with pytest.raises(IndexError, match="out of range for a table of 10 rows"):
+            eval_program(c.program, {"table": table, "idx": idx})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("(input t f32 [10 4 2])\n(input i i64 [3])\n(let r (Take t i))", "2-D table"),
+        ("(input t f32 [10 4])\n(input i f32 [3])\n(let r (Take t i))", "i32 or i64"),
+        ("(input t f32 [10 4])\n(input i bool [3])\n(let r (Take t i))", "i32 or i64"),
+    ],
+)
+def test_ill_typed_takes_are_graph_errors(text, message):
+    with pytest.raises(GraphError, match=message):
+        parse_graph(text + "\n(output r)\n")
