@@ -7,16 +7,18 @@ What is timed, for each workload and each implementation, after warm-up calls:
   host   wall time until the call returns, without waiting for the device: the host cost
          (median of REPEATS calls, each preceded by a synchronize)
 Workloads (tests/compile/blocks.py): MLP (Linear, tanh-GELU, Linear), TransformerEncoderLayer
-(8 heads, 4x feed-forward, no dropout), ResNet basic block (eval), each at a small and a
-large size. TF32 off everywhere (torch's matmul default; cuDNN's TF32 turned off for eager
-and Inductor so that all compute float32); "saturn tf32x3" is saturn with that option
+(8 heads, 4x feed-forward, no dropout), ResNet basic block (eval), a language model's input
+block (token and position embeddings of a 32000-token vocabulary, layer norm), each at a
+small and a large size. TF32 off everywhere (torch's matmul default; cuDNN's TF32 turned
+off for eager and Inductor so that all compute float32); "saturn tf32x3" is saturn with that option
 (float32 GEMMs as three TF32 products of split operands where that is faster, float32-level
 accuracy: see its max error column).
 
-With --bf16, the MLP and encoder workloads in bfloat16 (models and inputs converted; eager
-and Inductor in bfloat16 on CUDA, their products on tensor cores), against the CPU's bfloat16
-eager output for the error column; no tf32x3 column. The ResNet block is left out: saturn's
-convolutions are float32/float64 plans, so a bfloat16 one runs on the host.
+With --bf16, the MLP, encoder and embedding workloads in bfloat16 (models and float inputs
+converted; eager and Inductor in bfloat16 on CUDA, their products on tensor cores), against
+the CPU's bfloat16 eager output for the error column; no tf32x3 column. The ResNet block is
+left out: saturn's convolutions are float32/float64 plans, so a bfloat16 one runs on the
+host.
 
     python bench/blocks.py [--bf16] [workload ...]      (on a GPU machine)
 """
@@ -70,7 +72,8 @@ def main(names: list[str], dtype: torch.dtype = torch.float32) -> None:
     summary = []
     for name in names:
         model, x = make(name)
-        model, x = model.to(dtype), x.to(dtype)
+        model = model.to(dtype)
+        x = x.to(dtype) if x.is_floating_point() else x  # token ids stay integers
         with torch.no_grad():
             want = model(x)
             m_cuda = copy.deepcopy(model).cuda()

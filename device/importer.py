@@ -680,8 +680,9 @@ def _take_rows(
 ) -> str | None:
     """``table``'s slices along its first axis picked by ``index``, as graph node ``name``
     of ``shape`` (index shape + the table's trailing shape): the table viewed as 2-D (rows x
-    the rest), a Take, and a View to ``shape``. None where the index is not i32/i64 (a bool
-    mask selects, not takes) or the shapes disagree."""
+    the rest), a Take, and a View to ``shape``; an evenly spaced constant index in range
+    (``arange``) a Slice. None where the index is not i32/i64 (a bool mask selects, not
+    takes) or the shapes disagree."""
     tn, xn = imp.g.nodes[table], imp.g.nodes[index]
     dtype = tn.dtype
     if xn.dtype not in ot.INDEX_DTYPES or not tn.shape:
@@ -689,6 +690,13 @@ def _take_rows(
     rest = tuple(tn.shape[1:])
     if tuple(shape) != (*xn.shape, *rest):
         return None
+    if xn.op == "Arange" and len(xn.shape) == 1:
+        # rows start, start + step, ...: a Slice view (position embeddings), where every
+        # index is in range; out of range, the take raises at the call as PyTorch does
+        start, step, n, _ = xn.attrs
+        if n > 0 and step >= 1 and start >= 0 and start + step * (n - 1) < tn.shape[0]:
+            end = start + step * (n - 1) + 1
+            return imp.add(Node(name, "Slice", (table,), (0, start, end, step), dtype, shape), fx)
     flat = (tn.shape[0], math.prod(rest))
     if tuple(tn.shape) != flat:
         table = imp.add(Node(imp.fresh("take_table"), "View", (table,), (flat,), dtype, flat))
@@ -1689,6 +1697,7 @@ _HANDLERS = {
     "aten.transpose.int": _h_permute,
     "aten.expand.default": _h_expand,
     "aten.clone.default": _h_clone,
+    "aten.lift_fresh_copy.default": _h_clone,  # a copy of a tensor constant
     "aten.slice.Tensor": _h_slice,
     "aten.full.default": _h_full,
     "aten.logical_and.default": _h_logical("and", False),

@@ -243,7 +243,9 @@ class _Lowering:
             raise ValidationError(f"lowering: class {cid} has no extracted choice")
         name = self.lower(cid, choice.enode)
         en = choice.enode
-        if en.op in ("Permute", "Expand", "Slice"):
+        if en.op == "Slice" and self._packed_slice(cid, en):
+            self.layout[cid] = "packed"  # a run of whole rows: an offset, packed strides
+        elif en.op in ("Permute", "Expand", "Slice"):
             self.layout[cid] = "strided"
         elif en.op in ("View", "ToDev", "ToHost") and en.kids:
             self.layout[cid] = self.layout.get(en.kids[0], "packed")
@@ -252,6 +254,19 @@ class _Lowering:
         self.visiting.discard(cid)
         self.done[cid] = name
         return name
+
+    def _packed_slice(self, cid: int, en: ENode) -> bool:
+        """A step-1 slice of a packed value along an axis with only unit axes before it
+        (rows start..end of a table) is itself packed."""
+        dim, _, _, step = en.attrs
+        src = en.kids[0]
+        shape = self.types[src][1] if src in self.types else None
+        return (
+            step == 1
+            and shape is not None
+            and all(n == 1 for n in shape[:dim])
+            and self.layout.get(src, "packed") == "packed"
+        )
 
     def typ(self, cid: int) -> Type:
         return self.types[cid]

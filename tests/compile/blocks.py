@@ -1,10 +1,13 @@
 """The model blocks the GPU tests and bench/blocks.py share: an MLP, a
-TransformerEncoderLayer and a ResNet basic block, at a small and a large size."""
+TransformerEncoderLayer, a ResNet basic block and a language model's input block (token and
+position embeddings, layer norm), at a small and a large size."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+VOCAB = 32000
 
 
 class BasicBlock(nn.Module):
@@ -20,6 +23,20 @@ class BasicBlock(nn.Module):
     def forward(self, x):
         y = torch.relu(self.bn1(self.conv1(x)))
         return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+class Embed(nn.Module):
+    """A language model's input: token and position embeddings summed, then layer norm."""
+
+    def __init__(self, d: int, vocab: int = VOCAB, context: int = 1024):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(context, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.ln(self.tok(ids) + self.pos(pos))
 
 
 def mlp(d: int) -> nn.Module:
@@ -49,12 +66,16 @@ WORKLOADS = {
     "encoder-32x512x1024": ("encoder", 1024, (32, 512, 1024)),
     "resnet-8x64x56x56": ("resnet", 64, (8, 64, 56, 56)),
     "resnet-32x64x56x56": ("resnet", 64, (32, 64, 56, 56)),
+    "embed-8x128x768": ("embed", 768, (8, 128)),
+    "embed-32x512x1024": ("embed", 1024, (32, 512)),
 }
-FACTORIES = {"mlp": mlp, "encoder": encoder, "resnet": basic_block}
+FACTORIES = {"mlp": mlp, "encoder": encoder, "resnet": basic_block, "embed": Embed}
 
 
 def make(name: str, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     kind, width, shape = WORKLOADS[name]
     torch.manual_seed(seed)
     model = FACTORIES[kind](width).eval()
+    if kind == "embed":  # token ids
+        return model, torch.randint(0, VOCAB, shape)
     return model, torch.randn(shape)

@@ -65,7 +65,23 @@ def test_an_embedding_layer_in_a_model():
     ids = torch.randint(0, 50, (2, 8))
     compile_and_compare(LM(), ids, atol=2e-5)
     prog = last_compiled().compiled.program
-    assert host_ops(prog) == [] and [k.kind for k in prog.kernels].count("gather") == 2
+    assert host_ops(prog) == [] and [k.kind for k in prog.kernels].count("gather") == 1
+    # the positions are rows 0..7 of their table, in range: a slice (a view), not a take
+    assert [s.attrs for s in prog.steps if s.op == "Slice"] == [(0, 0, 8, 1)], prog.to_text()
+
+
+def test_an_evenly_spaced_constant_index_is_a_slice_where_in_range():
+    t = table()
+    compile_and_compare(lambda t: t[torch.arange(2, 10, 3, device=t.device)] * 2, t)
+    prog = last_compiled().compiled.program
+    assert [s.attrs for s in prog.steps if s.op == "Slice"] == [(0, 2, 9, 3)]
+    assert "gather" not in [k.kind for k in prog.kernels]
+    # one row past the end: the take, which raises as PyTorch does
+    torch._dynamo.reset()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.compile(lambda t: t[torch.arange(0, 11, device=t.device)], backend="saturn")(
+            t.to(DEV)
+        )
 
 
 def test_an_index_out_of_range_raises_and_the_next_call_runs():
