@@ -554,18 +554,20 @@ def run_halves() -> int:
 
 def run_takes() -> int:
     """Row takes: tables of each element width, strided (transposed) tables and indices,
-    int32 and int64 indices of ranks 0 to 2, against numpy's take; then indices out of
-    range on both sides, which must set the error word and write zeros (the simulator
-    itself raises on a read past the table's end)."""
+    int32 and int64 indices of ranks 0 to 2, scalar and 16-byte vector variants, against
+    numpy's take; then indices out of range on both sides, which must set the error word
+    and write zero rows (the simulator itself raises on a read past the table's end)."""
     rng = np.random.default_rng(2)
     failures = 0
-    cases = [
-        (np.float32, (7, 5), False, np.int64, (3, 4)),
-        (np.float64, (6, 3), True, np.int32, (5,)),
-        (np.uint8, (9, 4), False, np.int64, ()),
-        (np.int16, (4, 6), True, np.int64, (2, 3)),
+    cases = [  # dtype, table shape, transposed, index dtype, index shape, lanes
+        (np.float32, (7, 5), False, np.int64, (3, 4), 1),
+        (np.float32, (7, 8), False, np.int32, (3,), 4),
+        (np.float64, (6, 3), True, np.int32, (5,), 1),
+        (np.float16, (5, 16), False, np.int64, (2, 2), 8),
+        (np.uint8, (9, 4), False, np.int64, (), 1),
+        (np.int16, (4, 6), True, np.int64, (2, 3), 1),
     ]
-    for dtype, tshape, transposed, itype, ishape in cases:
+    for dtype, tshape, transposed, itype, ishape, lanes in cases:
         base = (rng.standard_normal(tshape[::-1] if transposed else tshape) * 50).astype(dtype)
         table = base.T if transposed else base
         # a strided index: every other element of a wider array
@@ -574,32 +576,35 @@ def run_takes() -> int:
         word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
         ts = [st // width for st in table.strides]
         ist = [st // index.itemsize for st in index.strides]
-        g = cg.generate_take(width, {np.int32: "i32", np.int64: "i64"}[itype], index.ndim)
+        assert cg.take_lanes(width, (tshape, tuple(ts)), (0, 0)) == lanes
+        g = cg.generate_take(width, {np.int32: "i32", np.int64: "i64"}[itype], index.ndim, lanes)
         fn = cuda.jit(cg.python_function(g))
         out = np.zeros(index.size * tshape[1], dtype=word)
         err = np.zeros(1, dtype=np.int32)
         flat_index = base_of(index).copy() if index.ndim else index.reshape(1).copy()
-        fn[2, 64](
+        blocks, threads = cg.take_geometry(index.size, tshape[1], lanes, sm_count=1)
+        fn[min(blocks, 3), threads](
             out, base.reshape(-1).view(word), flat_index, err,
-            out.size, tshape[1], tshape[0], *ts, *index.shape, *ist,
+            index.size, tshape[1], tshape[0], *ts, *index.shape, *ist,
         )  # fmt: skip
         got = out.view(dtype).reshape(*index.shape, tshape[1])
         ok = np.array_equal(got, table[index]) and err[0] == 0
         print(f"{'ok' if ok else 'FAIL'} take {np.dtype(dtype).name} {tshape} t={transposed} "
-              f"{np.dtype(itype).name}{list(ishape)}")  # fmt: skip
+              f"{np.dtype(itype).name}{list(ishape)} lanes={lanes}")  # fmt: skip
         failures += not ok
-    # out of range: -1 and rows, next to valid ones (a table of 2 rows of 2 columns)
-    g = cg.generate_take(4, "i64", 1)
-    fn = cuda.jit(cg.python_function(g))
-    table = np.arange(4, dtype=np.float32)
-    index = np.array([1, -1, 2, 0], dtype=np.int64)
-    out = np.full(8, 5.0, dtype=np.float32)
-    err = np.zeros(1, dtype=np.int32)
-    fn[1, 32](out.view(np.uint32), table.view(np.uint32), index, err, 8, 2, 2, 2, 1, 4, 1)
-    want = np.array([2, 3, 0, 0, 0, 0, 0, 1], dtype=np.float32)
-    ok = err[0] == 1 and np.array_equal(out, want)
-    print(f"{'ok' if ok else 'FAIL'} take out of range raises the word, writes zeros: {out}")
-    failures += not ok
+    # out of range: -1 and rows, next to valid ones (a table of 2 rows of 4 columns)
+    for lanes in (1, 4):
+        g = cg.generate_take(4, "i64", 1, lanes)
+        fn = cuda.jit(cg.python_function(g))
+        table = np.arange(8, dtype=np.float32)
+        index = np.array([1, -1, 2, 0], dtype=np.int64)
+        out = np.full(16, 5.0, dtype=np.float32)
+        err = np.zeros(1, dtype=np.int32)
+        fn[2, 32](out.view(np.uint32), table.view(np.uint32), index, err, 4, 4, 2, 4, 1, 4, 1)
+        want = np.array([4, 5, 6, 7] + [0] * 8 + [0, 1, 2, 3], dtype=np.float32)
+        ok = err[0] == 1 and np.array_equal(out, want)
+        print(f"{'ok' if ok else 'FAIL'} take out of range (lanes={lanes}): word set, zeros")
+        failures += not ok
     return failures
 
 
