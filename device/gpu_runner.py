@@ -357,14 +357,16 @@ class GpuRunner:
             if not self.replay or self.calls == 1:
                 env = self._steps(prepared, stats)
                 outs = [env[v] for v in self.r.program.outputs]
-                self._check_indices()
-                return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
-            outs, env = self._replayed(prepared, stats)
+                plan = self._out_plan(outs, env)
+            else:
+                outs, env = self._replayed(prepared, stats)
+                stats.replayed = env is None
+                plan = self._captured_plan if env is None else self._out_plan(outs, env)
+            results = self._hand_out(outs, plan, prepared, given)
+            # after the hand-out, which then overlaps the device's work; results of a call
+            # that raises are dropped (lent storages nobody holds cost nothing)
             self._check_indices()
-            if env is None:
-                stats.replayed = True
-                return self._hand_out(outs, self._captured_plan, prepared, given)
-            return self._hand_out(outs, self._out_plan(outs, env), prepared, given)
+            return results
 
     def _check_indices(self) -> None:
         """Raise if a row take met an index out of range in this call (its kernel wrote
