@@ -73,6 +73,7 @@ class GpuRunner:
         self.stream = torch.saturn.stream_handle(self.device)
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
         self.takes: dict[str, cg.TakeKernel] = {}
+        self.concats: dict[str, cg.ConcatKernel] = {}
         # row takes raise a device word on an index out of range, read after every call
         self.err_word: torch.Tensor | None = None
         self._err_host = np.zeros(1, dtype=np.int32)
@@ -92,6 +93,11 @@ class GpuRunner:
                     table, index = s.kernel.inputs
                     self.takes[s.output] = cg.TakeKernel(
                         cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
+                    )
+                elif s.kind == "kernel" and s.kernel.kind == "concat":
+                    a = s.kernel.inputs[0]
+                    self.concats[s.output] = cg.ConcatKernel(
+                        cg.MEMORY_SIZE[a.dtype], len(a.shape), s.kernel.attrs["dim"], cc
                     )
                 elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
@@ -260,6 +266,15 @@ class GpuRunner:
                 (out.data_ptr(), table.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
                 (tuple(table.shape), tuple(table.stride())),
                 (tuple(index.shape), tuple(index.stride())),
+            )
+            return
+        if k.kind == "concat":
+            a, b = ops
+            self.concats[s.output].launch(
+                self.stream,
+                (out.data_ptr(), a.data_ptr(), b.data_ptr()),
+                (tuple(a.shape), tuple(a.stride())),
+                (tuple(b.shape), tuple(b.stride())),
             )
             return
         if k.kind == "custom":

@@ -55,6 +55,7 @@ def _take(table, index):
 
 ADAPTERS = {
     "Take": _take,
+    "Cat": lambda a, b, dim: torch.cat([a, b], dim),
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
     "Gelu": lambda x: torch.ops.aten.gelu.default(x),
     "GeluTanh": lambda x: torch.ops.aten.gelu.default(x, approximate="tanh"),

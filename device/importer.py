@@ -763,8 +763,9 @@ def _h_cat(imp: _Importer, node: torch.fx.Node):
     length K (the piece count) before ``dim`` (a broadcast), ``Where(piece == j, ...)``
     picking piece j at position j of that axis, and a View merging the two axes. Each
     output element is a copy of one input element (exact for every value), read through
-    views only: no read outside any input. Declined past CAT_CHUNKS pieces (each output
-    element loads every piece), for empty inputs and symbolic lengths."""
+    views only: no read outside any input, and it fuses into the readers. Past CAT_CHUNKS
+    pieces (each output element would load every piece), a tree of two-operand ``Cat``
+    nodes (``_cat_tree``). Declined for empty inputs and symbolic lengths."""
     tensors = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     dtype, shape = _tensor_type(node)
@@ -781,7 +782,7 @@ def _h_cat(imp: _Importer, node: torch.fx.Node):
     g = math.gcd(*lengths)
     k = sum(n // g for n in lengths)
     if k > CAT_CHUNKS:
-        return None
+        return _cat_tree(imp, [imp.cast(n.name, dtype) for n in nodes], dim, node.name)
     piece = tuple(g if d == dim else s for d, s in enumerate(shape))
     wide = (*shape[:dim], 1, g, *shape[dim + 1 :])
     grid = (*shape[:dim], k, g, *shape[dim + 1 :])
@@ -813,6 +814,26 @@ def _h_cat(imp: _Importer, node: torch.fx.Node):
         )
         out = imp.add(Node(imp.fresh("cat_where"), "Where", (sel, pieces[j], out), (), dtype, grid))
     return imp.add(Node(node.name, "View", (out,), (tuple(shape),), dtype, tuple(shape)), node.name)
+
+
+def _cat_tree(imp: _Importer, names: list[str], dim: int, name: str) -> str:
+    """``names`` joined along ``dim`` by two-operand ``Cat`` nodes in a balanced tree, the
+    root named ``name``: each element is copied once per level (log2 of the count), a
+    single copy for two inputs (a cache grown by one step, a class token before patches)."""
+
+    def join(part: list[str], out: str | None) -> str:
+        if len(part) == 1:
+            return part[0]
+        mid = len(part) // 2
+        a, b = join(part[:mid], None), join(part[mid:], None)
+        na, nb = imp.g.nodes[a], imp.g.nodes[b]
+        shape = tuple(
+            x + y if d == dim else x
+            for d, (x, y) in enumerate(zip(na.shape, nb.shape, strict=True))
+        )
+        return imp.add(Node(out or imp.fresh("cat"), "Cat", (a, b), (dim,), na.dtype, shape), out)
+
+    return join(names, name)
 
 
 def _h_repeat(imp: _Importer, node: torch.fx.Node):

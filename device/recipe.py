@@ -293,6 +293,8 @@ class Recipe:
             )
         elif k.kind == "gather":  # PyTorch's index_select raises IndexError out of range
             r = run_host("Take", cpu_in, (), {})
+        elif k.kind == "concat":
+            r = run_host("Cat", cpu_in, (k.attrs["dim"],), {})
         elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
             r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
         elif k.kind == "custom":  # a saturn custom op: saturn:0 runs its reference

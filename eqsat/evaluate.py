@@ -217,6 +217,8 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         )
     if k.kind == "gather":
         return ot.op("Take").numpy(operands[0], operands[1])
+    if k.kind == "concat":
+        return ot.op("Cat").numpy(operands[0], operands[1], k.attrs["dim"])
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
         return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
     raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")

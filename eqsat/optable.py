@@ -259,6 +259,10 @@ def _take(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     return table[index]
 
 
+def _cat(a: np.ndarray, b: np.ndarray, dim: int) -> np.ndarray:
+    return np.concatenate([a, b], axis=dim)
+
+
 def _unary(fn: Callable) -> Callable:
     def run(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
@@ -704,6 +708,17 @@ OPS: tuple[Op, ...] = (
         shape="take",
         doc="table[index] along a 2-D table's first axis; an index out of range raises",
     ),
+    Op(
+        "Cat",
+        COPY,
+        2,
+        (("dim", "int"),),
+        (),
+        numpy=_cat,
+        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),  # moves bits, as Take
+        shape="cat",
+        doc="a and b joined along dim (the importer folds longer concatenations)",
+    ),
     # custom ops found by opt-in patterns
     Op(
         "RMSNorm",
@@ -722,7 +737,7 @@ BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 
 # Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
 # so the schema and the consumers agree on them.
-KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Custom")
+KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "Custom")
 # Leaves whose values the compiler knows: made once where the program reads them (a device
 # copy made once, not a crossing per call).
 CONSTANTS = ("Scalar", "Arange")

@@ -44,7 +44,7 @@ class Stage:
 
 @dataclass
 class Kernel:
-    kind: str  # loop | reduce | rows | gemm | conv | gather | custom
+    kind: str  # loop | reduce | rows | gemm | conv | gather | concat | custom
     output: str
     dtype: str
     shape: tuple[int, ...]
@@ -450,6 +450,8 @@ class _Lowering:
             )
         if en.op == "Gather":
             return library("gather", list(en.kids), {})
+        if en.op == "Concat":
+            return library("concat", list(en.kids), {"dim": en.attrs[0]})
         if en.op == "Custom":
             return library(
                 "custom", self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}

@@ -80,6 +80,14 @@ def take_shape(table: Shape, index: Shape) -> Shape:
     return (*index, table[1])
 
 
+def cat_shape(a: Shape, b: Shape, dim: int) -> Shape:
+    if len(a) != len(b) or not 0 <= dim < len(a):
+        raise ValueError(f"cat of {list(a)} and {list(b)} along dim {dim}")
+    if any(x != y for d, (x, y) in enumerate(zip(a, b, strict=True)) if d != dim):
+        raise ValueError(f"cat of {list(a)} and {list(b)}: sizes differ off dim {dim}")
+    return tuple(x + y if d == dim else x for d, (x, y) in enumerate(zip(a, b, strict=True)))
+
+
 def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Cast":
         return attrs[0]
@@ -97,7 +105,9 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
         if dtypes[1] not in ot.INDEX_DTYPES:
             raise ValueError(f"Take's index must be i32 or i64, got {dtypes[1]}")
         return dtypes[0]
-    if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION) and len(set(dtypes)) > 1:
+    if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION, ot.COPY) and len(
+        set(dtypes)
+    ) > 1:
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
     if row.name in ot.FLOAT_OPERANDS and not ot.is_float(dtypes[0]):
         raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")
@@ -153,6 +163,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return conv_shape(shapes[0], shapes[1], *attrs)
     if rule == "take":
         return take_shape(shapes[0], shapes[1])
+    if rule == "cat":
+        return cat_shape(shapes[0], shapes[1], attrs[0])
     raise ValueError(f"no shape rule {rule!r}")
 
 

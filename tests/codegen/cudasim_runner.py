@@ -608,9 +608,45 @@ def run_takes() -> int:
     return failures
 
 
+def run_concats() -> int:
+    """Two-operand concatenations along each axis: packed, transposed and broadcast
+    (stride-0) operands of each element width, against numpy's concatenate."""
+    rng = np.random.default_rng(3)
+    failures = 0
+    cases = [  # dtype, a shape, b shape, dim, a transposed, b broadcast along axis 0
+        (np.float32, (2, 1, 4), (2, 5, 4), 1, False, False),
+        (np.float64, (3, 4), (2, 4), 0, True, False),
+        (np.uint8, (3, 2), (3, 5), 1, False, True),
+        (np.int16, (4, 3, 2), (4, 3, 3), 2, False, False),
+    ]
+    for dtype, ashape, bshape, dim, transposed, broadcast in cases:
+        abase = (rng.standard_normal(ashape[::-1] if transposed else ashape) * 50).astype(dtype)
+        a = abase.T if transposed else abase
+        bbase = (rng.standard_normal((1, *bshape[1:]) if broadcast else bshape) * 50).astype(dtype)
+        b = np.broadcast_to(bbase, bshape) if broadcast else bbase
+        width = a.itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        want = np.concatenate([a, b], axis=dim)
+        out = np.zeros(want.size, dtype=word)
+        g = cg.generate_concat(width, a.ndim, dim)
+        fn = cuda.jit(cg.python_function(g))
+        sa = [st // width for st in a.strides]
+        sb = [st // width for st in b.strides]
+        fn[2, 32](
+            out, base_of(a).copy().view(word), base_of(b).copy().view(word),
+            want.size, a.shape[dim], *want.shape, *sa, *sb,
+        )  # fmt: skip
+        ok = np.array_equal(out.view(dtype).reshape(want.shape), want)
+        print(f"{'ok' if ok else 'FAIL'} concat {np.dtype(dtype).name} {ashape}+{bshape} "
+              f"dim={dim} t={transposed} b={broadcast}")  # fmt: skip
+        failures += not ok
+    return failures
+
+
 def main() -> int:
     failures = run_halves()
     failures += run_takes()
+    failures += run_concats()
     failures += run_copies()
     failures += run_all(GRAPHS)
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches

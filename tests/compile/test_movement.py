@@ -1,8 +1,10 @@
-"""Row takes in compiled graphs: embedding, index_select along any axis and x[index] run as
-one device kernel (``gather``) instead of a host op that copies the whole table across
-every call. Values against eager PyTorch on the CPU (bit for bit: a take moves bits), the
-program's steps as proof of where the work ran, and an index out of range raising
-IndexError as PyTorch does, on saturn:0 and (marker gpu) on saturn:1 under replay."""
+"""Data movement in compiled graphs. Row takes: embedding, index_select along any axis and
+x[index] run as one device kernel (``gather``) instead of a host op that copies the whole
+table across every call. Concatenations past the equal-pieces selection: a tree of
+two-operand ``concat`` kernels. Values against eager PyTorch on the CPU (bit for bit: both
+move bits), the program's steps as proof of where the work ran, and an index out of
+range raising IndexError as PyTorch does, on saturn:0 and (marker gpu) on saturn:1 under
+replay."""
 
 from __future__ import annotations
 
@@ -164,3 +166,70 @@ def test_an_index_out_of_range_raises_on_the_gpu_under_replay():
             cf(td, bad_in)
     bad_in.copy_(good)
     torch.testing.assert_close(cf(td, bad_in).cpu(), f(t, good), equal_nan=True)
+
+
+# --- concatenations past the equal-pieces form ------------------------------------------
+
+CAT_CASES = {  # (function, shapes of a and b)
+    "class token before patches": (lambda a, b: torch.cat([a, b], 1) * 2, ((2, 1, 8), (2, 9, 8))),
+    "a cache grown by one step": (
+        lambda a, b: torch.cat([a, b[:, :, :1]], 2) + 1,
+        ((2, 3, 7, 4), (2, 3, 2, 4)),
+    ),
+    "five pieces of a permuted tensor": (
+        lambda a, b: torch.cat([a, b.transpose(1, 2), a, a, b.transpose(1, 2)], 1),
+        ((2, 1, 8), (2, 8, 9)),
+    ),
+    "promoted dtypes": (
+        lambda a, b: torch.cat([a, (b > 0).to(torch.int64)], 1),
+        ((2, 1, 8), (2, 9, 8)),
+    ),
+}
+
+
+def special_pair(shapes) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(s, generator=g) for s in shapes)
+    a.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+    return a, b
+
+
+@pytest.mark.parametrize("case", sorted(CAT_CASES))
+def test_concatenations_of_unequal_pieces_are_device_kernels(case):
+    fn, shapes = CAT_CASES[case]
+    a, b = special_pair(shapes)
+    compile_and_compare(fn, a, b)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    kinds = [k.kind for k in prog.kernels]
+    # five pieces: a tree of four joins, of which [a, b.T] appears twice and is made once
+    assert kinds.count("concat") == (3 if case.startswith("five") else 1), prog.to_text()
+
+
+def test_concatenations_of_few_equal_pieces_stay_selections():
+    """Up to four equal pieces the importer writes a selection among views, which fuses
+    into its readers: no concat kernel."""
+    a, b = special_pair(((2, 4, 8), (2, 4, 8)))
+    compile_and_compare(lambda a, b: torch.cat([a, b], 1) * 2, a, b)
+    assert "concat" not in [k.kind for k in last_compiled().compiled.program.kernels]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_concatenations_run_on_the_gpu_and_replay(dtype):
+    a, b = special_pair(((2, 1, 8), (2, 9, 8)))
+    a, b = a.to(dtype), b.to(dtype)
+
+    def f(a, b):
+        return torch.cat([a, b, a, b.flip(1)[:, :3]], 1)
+
+    ad, bd = a.to(GPU), b.to(GPU)
+    cf, recipe = compile_gpu(f, ad, bd)
+    prog = recipe.program
+    assert host_ops(prog) == [] and "concat" in [k.kind for k in prog.kernels], prog.to_text()
+    fb = saturn.fallback_counts()
+    for _ in range(3):  # step by step, captured, replayed
+        got = cf(ad, bd)
+        torch.testing.assert_close(got.cpu(), f(a, b), rtol=0, atol=0, equal_nan=True)
+    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
+    assert recipe.runner.replays >= 1

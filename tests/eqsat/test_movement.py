@@ -1,6 +1,7 @@
-"""Row takes (``Take``: embedding, index_select, x[index]) in the compiler: placed as one
-device kernel that moves the selected rows' bits, declined for dtypes the target has no
-kernel for, and evaluated by the reference evaluator with PyTorch's range check."""
+"""Data movement in the compiler: row takes (``Take``: embedding, index_select, x[index])
+and two-operand concatenations (``Cat``), each placed as one device kernel that moves
+bits, declined for dtypes the target has no kernel for, and evaluated by the reference
+evaluator (takes with PyTorch's range check)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def special_table(dtype: str) -> np.ndarray:
     return t.astype(ot.NUMPY_DTYPE[dtype])
 
 
-@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"])
+@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"], ids=["reference", "cuda"])
 @pytest.mark.parametrize("index", ["i32", "i64"])
 def test_a_take_is_one_device_kernel_and_keeps_every_value(machine, index):
     c = compiled("f32", machine, index)
@@ -72,5 +73,47 @@ def test_an_index_out_of_range_raises_in_the_evaluator():
     ],
 )
 def test_ill_typed_takes_are_graph_errors(text, message):
+    with pytest.raises(GraphError, match=message):
+        parse_graph(text + "\n(output r)\n")
+
+
+CAT = """(input a {d} [2 1 4])
+(input b {d} [2 5 4])
+(let c (Cat a b 1))
+(let r (Mul c c))
+(output r)
+"""
+
+
+@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"], ids=["reference", "cuda"])
+def test_a_concatenation_is_one_device_kernel_and_keeps_every_value(machine):
+    c = compile_graph(
+        parse_graph(CAT.format(d="f32")), machine=machine, io_on_device=machine == "gpu"
+    )
+    assert [k.kind for k in c.program.kernels] == ["concat", "loop"], c.program.to_text()
+    assert c.program.count("host") == 0
+    a = np.array([np.nan, np.inf, -np.inf, -0.0] * 2, dtype=np.float32).reshape(2, 1, 4)
+    b = np.arange(40, dtype=np.float32).reshape(2, 5, 4) - 20
+    (got,) = eval_program(c.program, {"a": a, "b": b})
+    cat = np.concatenate([a, b], axis=1)
+    np.testing.assert_array_equal(got, cat * cat)
+
+
+def test_half_concatenations_stay_on_the_host_of_the_reference_device():
+    ref = compile_graph(parse_graph(CAT.format(d="f16")), machine="cpu-reference")
+    assert "Cat" in [s.op for s in ref.program.steps if s.kind == "host"]
+    gpu = compile_graph(parse_graph(CAT.format(d="f16")), machine="gpu", io_on_device=True)
+    assert "concat" in [k.kind for k in gpu.program.kernels]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("(input a f32 [2 3])\n(input b f32 [3 3])\n(let r (Cat a b 1))", "sizes differ"),
+        ("(input a f32 [2 3])\n(input b f32 [2 3 1])\n(let r (Cat a b 0))", "cat of"),
+        ("(input a f32 [2 3])\n(input b i64 [2 3])\n(let r (Cat a b 0))", "differ"),
+    ],
+)
+def test_ill_typed_concatenations_are_graph_errors(text, message):
     with pytest.raises(GraphError, match=message):
         parse_graph(text + "\n(output r)\n")
