@@ -235,8 +235,8 @@ def placement_text() -> str:
 def half_facts() -> str:
     """The facts that let a GPU target run half types (decision 0032): rounded elementwise
     ops, conversions to and from them, products (cuBLASLt, float32 accumulation), row
-    takes and concatenations (they move bits). The CPU reference device has no half kernels, so the pipeline
-    asserts these per machine."""
+    takes and concatenations (they move bits). The CPU reference device has no half
+    kernels, so the pipeline asserts these per machine."""
     out = [f'(device-half "{d}")' for d in ot.HALVES]
     for op in ot.rounded_halves():
         out += [f'(device-rounded "{op.name}" "{d}")' for d in ot.HALVES]

@@ -105,9 +105,10 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
         if dtypes[1] not in ot.INDEX_DTYPES:
             raise ValueError(f"Take's index must be i32 or i64, got {dtypes[1]}")
         return dtypes[0]
-    if row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION, ot.COPY) and len(
-        set(dtypes)
-    ) > 1:
+    if (
+        row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION, ot.COPY)
+        and len(set(dtypes)) > 1
+    ):
         raise ValueError(f"operand dtypes {dtypes} differ (insert a Cast)")
     if row.name in ot.FLOAT_OPERANDS and not ot.is_float(dtypes[0]):
         raise ValueError(f"{row.name} needs a float operand, got {dtypes[0]}")

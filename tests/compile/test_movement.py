@@ -125,6 +125,17 @@ def compile_gpu(fn, *args):
     return cf, last_compiled().recipe
 
 
+def matches_bit_for_bit_replayed(cf, recipe, args, want) -> None:
+    """Three calls (step by step, captured, replayed) give ``want``'s bits, with no
+    crossing and no CPU fallback."""
+    fb = saturn.fallback_counts()
+    for _ in range(3):
+        got = cf(*args)
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
+    assert recipe.runner.replays >= 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
 def test_takes_run_on_the_gpu_and_replay(dtype):
@@ -138,12 +149,7 @@ def test_takes_run_on_the_gpu_and_replay(dtype):
     cf, recipe = compile_gpu(f, td, idd)
     prog = recipe.program
     assert host_ops(prog) == [] and [k.kind for k in prog.kernels] == ["gather"]
-    fb = saturn.fallback_counts()
-    for _ in range(3):  # step by step, captured, replayed
-        got = cf(td, idd)
-        torch.testing.assert_close(got.cpu(), f(t, i), rtol=0, atol=0, equal_nan=True)
-    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
-    assert recipe.runner.replays >= 1
+    matches_bit_for_bit_replayed(cf, recipe, (td, idd), f(t, i))
 
 
 @pytest.mark.gpu
@@ -227,9 +233,4 @@ def test_concatenations_run_on_the_gpu_and_replay(dtype):
     cf, recipe = compile_gpu(f, ad, bd)
     prog = recipe.program
     assert host_ops(prog) == [] and "concat" in [k.kind for k in prog.kernels], prog.to_text()
-    fb = saturn.fallback_counts()
-    for _ in range(3):  # step by step, captured, replayed
-        got = cf(ad, bd)
-        torch.testing.assert_close(got.cpu(), f(a, b), rtol=0, atol=0, equal_nan=True)
-    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
-    assert recipe.runner.replays >= 1
+    matches_bit_for_bit_replayed(cf, recipe, (ad, bd), f(a, b))
