@@ -458,25 +458,10 @@ def _dims(node: torch.fx.Node, rank: int, dims) -> tuple[int, ...]:
 
 def _reduction(imp, op: str, xn: Node, axes, keepdim, attrs, dtype: str, shape, name: str) -> str:
     """``op`` over ``axes`` of ``xn`` (its attributes ``attrs(axes, keepdim)`` beyond the
-    operand), named ``name``. Axes that are not one run (``x.sum((0, 2))``) are permuted
-    last first, since the GPU's reductions take one run of adjacent axes: the reduction of
-    the permuted view over its trailing axes holds the same elements in the same order of
-    kept axes, and keepdim is a View of it to the result's shape."""
+    operand), named ``name``. Axes that are not one run (``x.sum((0, 2))``) are the
+    lowering's to permute (``eqsat/program.py: _adjacent_axes``), for text graphs too."""
     axes = tuple(sorted(axes))
-    keepdim = bool(keepdim)
-    if not axes or axes == tuple(range(axes[0], axes[-1] + 1)):
-        return imp.add(Node(name, op, (xn.name,), attrs(axes, int(keepdim)), dtype, shape), name)
-    kept = [d for d in range(len(xn.shape)) if d not in axes]
-    perm = (*kept, *axes)
-    pshape = tuple(xn.shape[d] for d in perm)
-    p = imp.add(Node(imp.fresh("reduce_order"), "Permute", (xn.name,), (perm,), xn.dtype, pshape))
-    trailing = tuple(range(len(kept), len(perm)))
-    rshape = tuple(xn.shape[d] for d in kept)
-    rname = imp.fresh(op.lower()) if keepdim else name
-    r = imp.add(Node(rname, op, (p,), attrs(trailing, 0), dtype, rshape), None if keepdim else name)
-    if not keepdim:
-        return r
-    return imp.add(Node(name, "View", (r,), (tuple(shape),), dtype, tuple(shape)), name)
+    return imp.add(Node(name, op, (xn.name,), attrs(axes, int(bool(keepdim))), dtype, shape), name)
 
 
 def _h_reduce(row_name: str):

@@ -196,6 +196,9 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
             k.attrs["keepdim"],
             k.attrs.get("acc_dtype", k.dtype),
         )
+        # a reduction over a permuted domain (kept axes first) keeps its dims at the end:
+        # the same elements in the same order as the output's shape
+        acc = np.reshape(acc, k.shape)
         if k.epilogue is None:
             return acc
         return np.asarray(eval_expr(k.epilogue, [acc])).astype(np_dtype(k.dtype))

@@ -419,6 +419,9 @@ class _Lowering:
             packed = self._in_memory_order(leaves, inputs, dims, domain)
             if packed is not None:
                 inputs, domain, dims = packed
+            apart = self._adjacent_axes(inputs, dims, domain)
+            if apart is not None:
+                inputs, domain, dims = apart
             return Kernel(
                 "reduce",
                 out,
@@ -561,6 +564,53 @@ class _Lowering:
                 self.done_extra[("in-order", o.value, tuple(order))] = name
             ops.append(Operand(name, o.dtype, new_domain, "same"))
         return ops, new_domain, new_dims
+
+    def _adjacent_axes(self, inputs: list[Operand], dims, domain):
+        """A reduction over axes that are not adjacent (``x.sum((0, 2))``), which the
+        emitters take as one run of axes: the operands are read through views of the
+        domain permuted to the kept axes (in order) followed by the reduced ones: a
+        broadcast operand expanded to the domain first (stride 0), then each permuted.
+        (operands, domain, dims), or None where the axes are adjacent. Each output
+        reduces the same elements (in another order, as between any two reduction
+        kernels); the kept axes keep their order, so the output is laid out as before."""
+        if not dims or tuple(dims) == tuple(range(dims[0], dims[-1] + 1)):
+            return None
+        rank = len(domain)
+        order = (*(a for a in range(rank) if a not in dims), *dims)
+        new_domain = tuple(domain[a] for a in order)
+        ops = []
+        for o in inputs:
+            if o.indexing == "scalar":
+                ops.append(o)
+                continue
+            key = ("apart", o.value, order)
+            name = self.done_extra.get(key)
+            if name is None:
+                name = o.value
+                if tuple(o.shape) != tuple(domain):  # broadcast: expanded (a view) first
+                    padded = (1,) * (rank - len(o.shape)) + tuple(o.shape)
+                    if len(o.shape) != rank:
+                        name = self._view_step(name, "View", (padded,), o.dtype, padded)
+                    name = self._view_step(name, "Expand", (tuple(domain),), o.dtype, domain)
+                name = self._view_step(name, "Permute", (order,), o.dtype, new_domain)
+                self.done_extra[key] = name
+            ops.append(Operand(name, o.dtype, new_domain, "strided"))
+        return ops, new_domain, tuple(range(rank - len(dims), rank))
+
+    def _view_step(self, src: str, op: str, attrs: tuple, dtype: str, shape) -> str:
+        return self.emit(
+            # named by position: two reductions may view one operand in different orders
+            Step(
+                "view",
+                f"{src}_{op.lower()}{len(self.steps)}",
+                op,
+                (src,),
+                attrs,
+                dtype,
+                tuple(shape),
+                DEVICE,
+            )
+        )
 
     def _nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])

@@ -61,6 +61,11 @@ from saturn.eqsat.graph import parse_graph  # noqa: E402
 from saturn.eqsat.pipeline import compile_graph  # noqa: E402
 
 GRAPHS = {
+    # reductions over axes that are not adjacent: permuted views, a broadcast operand
+    # expanded first, keepdim on and off
+    "reduce_apart": "(input x f32 [3 4 5])\n(input w f32 [5])\n"
+    "(let s (Sum (Mul x w) [0 2] 0))\n(let m (Amax x [0 2] 1))\n"
+    "(let r (Add m (View s [1 4 1])))\n(output r s)",
     "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
     "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
     "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n"
@@ -675,6 +680,7 @@ def main() -> int:
 
 
 SPLIT = (
+    "reduce_apart",
     "full_sum_long",
     "full_mean_2d",
     "row_max_long",

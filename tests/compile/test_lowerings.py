@@ -758,8 +758,9 @@ def test_logsumexp_squeezes_as_a_view():
 
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_reductions_over_axes_that_are_not_one_run(keepdim):
-    """x.sum((0, 2)): the GPU's reductions take one run of adjacent axes, so the importer
-    reduces a permuted view over its trailing axes (keepdim: a View back to the shape)."""
+    """x.sum((0, 2)): the emitters take one run of adjacent axes, so the lowering reads
+    the operands through views permuted to put the reduced axes last (and the CUDA
+    emitter builds each reduction: ``gpu_program``)."""
     x = special((4, 6, 5, 3), seed=8)
 
     def f(x):
@@ -774,6 +775,10 @@ def test_reductions_over_axes_that_are_not_one_run(keepdim):
     assert host_ops(last_compiled().compiled.program) == []
     prog = gpu_program(f, x)  # raised "reduction over non-adjacent axes" before
     assert host_ops(prog) == []
+    for k in prog.kernels:
+        if k.kind == "reduce":
+            dims = k.attrs["dims"]
+            assert tuple(dims) == tuple(range(dims[0], dims[-1] + 1)), prog.to_text()
 
 
 @pytest.mark.parametrize("affine", [True, False])
