@@ -1315,6 +1315,51 @@ def generate_concat(width: int, rank: int, dim: int) -> Generated:
     return Generated(fn, src, params, [t, t, t], "copy")
 
 
+def pad_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
+    """``x`` (any strides) padded with a constant into a packed output: each coordinate,
+    less the padding before it, is compared with x's extent before any read; outside,
+    ``fill`` (the constant's bits, as the element's unsigned word)."""
+    osz = [f"o{d}" for d in range(rank)]
+    isz = [f"s{d}" for d in range(rank)]
+    before = [f"b{d}" for d in range(rank)]
+    st = [f"st{d}" for d in range(rank)]
+    word = COPY_TYPES[width]
+    lines = [
+        f"def {fn}(out, x, n, fill, {', '.join(osz + isz + before + st)}):",
+        "    i = cuda.grid(1)",
+        "    step = cuda.gridsize(1)",
+        f"    value = numba.{word}(fill)",
+        "    while i < n:",
+        "        rem = i",
+        "        off = 0",
+        "        inside = True",
+    ]
+    for d in reversed(range(rank)):
+        lines += [
+            f"        c = rem % o{d} - b{d}",
+            f"        rem = rem // o{d}",
+            f"        inside = inside and c >= 0 and c < s{d}",
+            f"        off += c * st{d}",
+        ]
+    lines += [
+        "        if inside:",
+        "            out[i] = x[off]",
+        "        else:",
+        "            out[i] = value",
+        "        i += step",
+    ]
+    return "\n".join(lines), Params(["out", "x"], ["n", "fill", *osz, *isz, *before, *st])
+
+
+def generate_pad(width: int, rank: int) -> Generated:
+    if width not in (1, 2, 4, 8):
+        raise KernelError(f"no pad kernel for {width}-byte elements")
+    fn = f"pad_w{width}_r{rank}"
+    body, params = pad_source(width, rank, fn)
+    t = COPY_TYPES[width]
+    return Generated(fn, _movement_module(body), params, [t, t], "copy")
+
+
 # --- launch geometry -----------------------------------------------------------------
 
 
@@ -1763,6 +1808,45 @@ class ConcatKernel:
             n = math.prod(shape)
             blocks, threads = grid_for(self.g, {"n": n})
             ints = [n, sa[d], *shape, *ta, *tb]
+            p = self._plans[key] = (
+                n,
+                LaunchConfig(grid=blocks, block=threads),
+                [np.int64(v) for v in ints],
+            )
+        n, config, ints = p
+        if n == 0:
+            return
+        if self._kernel is None:
+            self._kernel = load(self.g, self.cc)
+        launch(core_stream(stream), config, self._kernel, *[np.uint64(q) for q in ptrs], *ints)
+
+
+class PadKernel:
+    """Constant pads for one element width and rank (see ``pad_source``), compiled at
+    first use. ``fill``: the constant's bits as an unsigned word of the element's width."""
+
+    def __init__(self, width: int, rank: int, cc: tuple[int, int]):
+        self.g = generate_pad(width, rank)
+        self.rank, self.cc = rank, cc
+        self._kernel = None
+        self._plans: dict[tuple, tuple] = {}
+
+    def launch(self, stream: int, ptrs: tuple[int, int], x: tuple, pads, fill: int) -> None:
+        """``ptrs``: out, x; ``x``: (shape, strides) in elements; ``pads``: (before, after)
+        per axis, axis 0 first."""
+        from cuda.core import LaunchConfig, launch
+
+        key = (x, tuple(pads), fill)
+        p = self._plans.get(key)
+        if p is None:
+            shape, strides = x
+            if len(shape) != self.rank or len(pads) != 2 * self.rank:
+                raise KernelError(f"pad kernel {self.g.name} got {list(shape)} and {pads}")
+            before = [pads[2 * d] for d in range(self.rank)]
+            out = [n + pads[2 * d] + pads[2 * d + 1] for d, n in enumerate(shape)]
+            n = math.prod(out)
+            blocks, threads = grid_for(self.g, {"n": n})
+            ints = [n, fill, *out, *shape, *before, *strides]
             p = self._plans[key] = (
                 n,
                 LaunchConfig(grid=blocks, block=threads),

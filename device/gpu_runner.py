@@ -41,6 +41,7 @@ from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
 from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
 from saturn.codegen.reshape import gemm_copy_order
+from saturn.eqsat.graph import bits_float
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Step
@@ -52,6 +53,15 @@ from .importer import DTYPES, TORCH_DTYPES
 from .recipe import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
+
+
+def fill_word(value_bits: int, dtype: str) -> int:
+    """A pad's constant as its element's bits (signed for 8-byte elements, which the
+    kernel takes as int64), converted to the dtype once, as PyTorch converts it."""
+    t = torch.tensor(bits_float(value_bits), dtype=torch.float64).to(TORCH_DTYPES[dtype])
+    size = t.element_size()
+    word = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+    return int(word.item()) if size == 8 else int(word.item()) & ((1 << (8 * size)) - 1)
 
 
 def layout(t: torch.Tensor) -> Layout:
@@ -74,6 +84,7 @@ class GpuRunner:
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
         self.takes: dict[str, cg.TakeKernel] = {}
         self.concats: dict[str, cg.ConcatKernel] = {}
+        self.pads: dict[str, tuple[cg.PadKernel, int]] = {}  # step -> (kernel, fill word)
         # row takes raise a device word on an index out of range, read after every call
         self.err_word: torch.Tensor | None = None
         self._err_host = np.zeros(1, dtype=np.int32)
@@ -98,6 +109,12 @@ class GpuRunner:
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(
                         cg.MEMORY_SIZE[a.dtype], len(a.shape), s.kernel.attrs["dim"], cc
+                    )
+                elif s.kind == "kernel" and s.kernel.kind == "pad":
+                    x = s.kernel.inputs[0]
+                    self.pads[s.output] = (
+                        cg.PadKernel(cg.MEMORY_SIZE[x.dtype], len(x.shape), cc),
+                        fill_word(s.kernel.attrs["value_bits"], x.dtype),
                     )
                 elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
@@ -275,6 +292,14 @@ class GpuRunner:
                 (out.data_ptr(), a.data_ptr(), b.data_ptr()),
                 (tuple(a.shape), tuple(a.stride())),
                 (tuple(b.shape), tuple(b.stride())),
+            )
+            return
+        if k.kind == "pad":
+            (x,) = ops
+            kernel, fill = self.pads[s.output]
+            shape_strides = (tuple(x.shape), tuple(x.stride()))
+            kernel.launch(
+                self.stream, (out.data_ptr(), x.data_ptr()), shape_strides, k.attrs["pads"], fill
             )
             return
         if k.kind == "custom":

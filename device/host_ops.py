@@ -53,7 +53,14 @@ def _take(table, index):
     return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[1])
 
 
+def _pad(x, pads, value_bits):
+    """(before, after) per axis, axis 0 first; torch's pad lists the last axis first."""
+    flat = [p for d in reversed(range(x.dim())) for p in (pads[2 * d], pads[2 * d + 1])]
+    return torch.nn.functional.pad(x, flat, value=bits_float(value_bits))
+
+
 ADAPTERS = {
+    "Pad": _pad,
     "Take": _take,
     "Cat": lambda a, b, dim: torch.cat([a, b], dim),
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),

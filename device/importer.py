@@ -1050,21 +1050,114 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     """max_pool2d over windows that tile the image, read only for its values (inference):
     the maximum over each window (``_pool_windows``). NaN propagates as in PyTorch's
     pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
-    differ (PyTorch keeps the first; a reduction's order is its own). Overlapping windows,
-    padding, dilation and the indices (a training forward's) are declined."""
+    differ (PyTorch keeps the first; a reduction's order is its own). Overlapping, padded
+    or dilated windows: a maximum of strided slices (``_max_pool_slices``). The indices (a
+    training forward's) and ceil mode are declined."""
     x, kernel = node.args[0], list(node.args[1])
     rest = list(node.args[2:]) + [None] * 4
     stride = list(rest[0]) if rest[0] else kernel
     padding = list(rest[1]) if rest[1] is not None else [0]
     dilation = list(rest[2]) if rest[2] is not None else [1]
     ceil_mode = bool(rest[3]) if rest[3] is not None else False
-    if node.kwargs or not _only_first_result_used(node) or any(d != 1 for d in dilation):
+    if node.kwargs or not _only_first_result_used(node):
         return None
     dtype, shape = _tensor_type(node, _meta(node)[0])
-    win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
+    win = None
+    if all(d == 1 for d in dilation):
+        win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
     if win is None:
-        return None
+        return _max_pool_slices(imp, node.name, imp.env[x.name], kernel, stride, padding,
+                                dilation, ceil_mode, shape)  # fmt: skip
     return imp.add(Node(node.name, "Amax", (win,), ((4, 5), 0), dtype, shape), node.name)
+
+
+POOL_WINDOW_LIMIT = 64  # most window elements a pool reads per output as separate slices
+
+
+def _max_pool_slices(imp, name, x, kernel, stride, padding, dilation, ceil_mode, out):
+    """A max pool whose windows overlap or are padded: the image padded with -inf (the
+    value PyTorch's pooling pads with, so a padded element never wins; a window always
+    holds an element of the image), and the maximum of one strided Slice per window
+    position, ``Maximum`` (NaN-propagating) folded over them: one fused loop. Float dtypes
+    and floor mode only; where a window's maximum is a zero held as both -0.0 and +0.0 the
+    sign may differ, as in ``_h_max_pool2d``."""
+    two = lambda v: [*v] * 2 if len(v) == 1 else [*v]  # noqa: E731
+    kernel, stride, padding, dilation = map(two, (kernel, stride, padding, dilation))
+    xn = imp.g.nodes[x]
+    dtype = xn.dtype
+    if len(xn.shape) != 4 or ceil_mode or dtype not in ot.FLOATS or len(out) != 4:
+        return None
+    if math.prod(kernel) > POOL_WINDOW_LIMIT or any(n >= min(MARKERS) for n in xn.shape):
+        return None
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    n, c, ho, wo = out
+    if ho <= 0 or wo <= 0:
+        return None
+    src = x
+    if ph or pw:
+        pads = (0, 0, 0, 0, ph, ph, pw, pw)
+        padded = (n, c, xn.shape[2] + 2 * ph, xn.shape[3] + 2 * pw)
+        src = imp.add(
+            Node(imp.fresh("pool_pad"), "Pad", (x,), (pads, float_bits(float("-inf"))), dtype,
+                 padded)
+        )  # fmt: skip
+    h, w = imp.g.nodes[src].shape[2:]
+    best = None
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dh, j * dw
+            if r0 + sh * (ho - 1) >= h or c0 + sw * (wo - 1) >= w:
+                return None  # a window past the padded image (ceil mode's windows)
+            rows = imp.add(
+                Node(imp.fresh("pool_rows"), "Slice", (src,), (2, r0, r0 + sh * (ho - 1) + 1, sh),
+                     dtype, (n, c, ho, w))
+            )  # fmt: skip
+            cols = imp.add(
+                Node(imp.fresh("pool_at"), "Slice", (rows,), (3, c0, c0 + sw * (wo - 1) + 1, sw),
+                     dtype, (n, c, ho, wo))
+            )  # fmt: skip
+            if best is None:
+                best = cols
+                continue
+            last = i == kh - 1 and j == kw - 1
+            best = imp.add(
+                Node(name if last else imp.fresh("pool_max"), "Maximum", (best, cols), (), dtype,
+                     tuple(out)),
+                name if last else None,
+            )  # fmt: skip
+    if kh * kw == 1:  # a 1x1 window: the strided slice itself
+        return imp.add(Node(name, "View", (best,), (tuple(out),), dtype, tuple(out)), name)
+    return best
+
+
+def _h_constant_pad(imp: _Importer, node: torch.fx.Node):
+    """constant_pad_nd(x, pad, value): a Pad (pad lists the last axis first). Declined for
+    negative pads (crops) and for a value the dtype cannot hold exactly (PyTorch would
+    convert it; saturn does not guess how)."""
+    x, pad = node.args[0], list(node.args[1])
+    value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = _tensor_type(node)
+    rank = len(xn.shape)
+    if len(pad) % 2 or len(pad) > 2 * rank or any(type(p) is not int or p < 0 for p in pad):
+        return None
+    if not isinstance(value, int | float) or dtype != xn.dtype:
+        return None
+    if dtype not in ot.FLOATS:
+        if float(value) != int(value):
+            return None
+        if dtype == "bool" and value not in (0, 1):
+            return None
+        if dtype != "bool":
+            info = np.iinfo(ot.NUMPY_DTYPE[dtype])
+            if not info.min <= int(value) <= info.max:
+                return None
+    pads = [0] * (2 * rank)
+    for k in range(len(pad) // 2):  # pair k pads axis rank - 1 - k
+        d = rank - 1 - k
+        pads[2 * d], pads[2 * d + 1] = pad[2 * k], pad[2 * k + 1]
+    attrs = (tuple(pads), float_bits(float(value)))
+    return imp.add(Node(node.name, "Pad", (xn.name,), attrs, dtype, shape), node.name)
 
 
 def _h_avg_pool2d(imp: _Importer, node: torch.fx.Node):
@@ -1748,6 +1841,7 @@ _HANDLERS = {
     "aten.copy.default": _h_copy,
     "aten.max_pool2d_with_indices.default": _h_max_pool2d,
     "aten.avg_pool2d.default": _h_avg_pool2d,
+    "aten.constant_pad_nd.default": _h_constant_pad,
     **{
         f"aten._foreach_{kind}.{overload}": _h_foreach(kind)
         for kind, overloads in _FOREACH.items()

@@ -295,6 +295,8 @@ class Recipe:
             r = run_host("Take", cpu_in, (), {})
         elif k.kind == "concat":
             r = run_host("Cat", cpu_in, (k.attrs["dim"],), {})
+        elif k.kind == "pad":
+            r = run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
         elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
             r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
         elif k.kind == "custom":  # a saturn custom op: saturn:0 runs its reference

@@ -222,6 +222,8 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         return ot.op("Take").numpy(operands[0], operands[1])
     if k.kind == "concat":
         return ot.op("Cat").numpy(operands[0], operands[1], k.attrs["dim"])
+    if k.kind == "pad":
+        return ot.op("Pad").numpy(operands[0], k.attrs["pads"], k.attrs["value_bits"])
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
         return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
     raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")

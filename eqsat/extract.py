@@ -25,7 +25,7 @@ from .errors import ValidationError
 from .graph import Graph
 
 Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
-KERNELS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "Custom")
+KERNELS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "PadCopy", "Custom")
 MOVEMENT = ("View", "Permute", "Expand", "Slice")
 HOST, DEVICE = "host", "device"
 
@@ -64,6 +64,8 @@ def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
         return (kids[0][0], tyr.take_shape(kids[0][1], kids[1][1]))
     if op == "Concat":
         return (kids[0][0], tyr.cat_shape(kids[0][1], kids[1][1], en.attrs[0]))
+    if op == "PadCopy":
+        return (kids[0][0], tyr.pad_shape(kids[0][1], en.attrs[0]))
     if op == "Custom":
         return kids[0]  # saturn's custom kernels keep their first operand's type
     if op.startswith("E") and op[1:] in ot.BY_NAME:
@@ -178,7 +180,7 @@ class CostModel:
         if op == "Gather":  # reads the rows it writes and the index
             moved = 2 * nbytes(t) + nbytes(self.types[en.kids[1]])
             return m.launch_us + moved / m.device_bytes_per_us
-        if op == "Concat":  # reads what it writes
+        if op in ("Concat", "PadCopy"):  # reads (at most) what it writes
             return m.launch_us + 2 * nbytes(t) / m.device_bytes_per_us
         if op in ("Gemm", "Conv"):
             a, b = self.types[en.kids[0]], self.types[en.kids[1]]

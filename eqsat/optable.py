@@ -263,6 +263,14 @@ def _cat(a: np.ndarray, b: np.ndarray, dim: int) -> np.ndarray:
     return np.concatenate([a, b], axis=dim)
 
 
+def _pad(x: np.ndarray, pads: tuple, value_bits: int) -> np.ndarray:
+    from .graph import bits_float
+
+    widths = [(pads[2 * d], pads[2 * d + 1]) for d in range(x.ndim)]
+    value = np.asarray(bits_float(value_bits)).astype(x.dtype)
+    return np.pad(x, widths, constant_values=value)
+
+
 def _unary(fn: Callable) -> Callable:
     def run(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
@@ -719,6 +727,17 @@ OPS: tuple[Op, ...] = (
         shape="cat",
         doc="a and b joined along dim (the importer folds longer concatenations)",
     ),
+    Op(
+        "Pad",
+        COPY,
+        1,
+        (("pads", "ints"), ("value", "bits")),
+        (),
+        numpy=_pad,
+        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),  # moves bits, as Take
+        shape="pad",
+        doc="x with (before, after) elements of value around each axis, axis 0 first",
+    ),
     # custom ops found by opt-in patterns
     Op(
         "RMSNorm",
@@ -737,7 +756,7 @@ BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 
 # Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
 # so the schema and the consumers agree on them.
-KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "Custom")
+KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "PadCopy", "Custom")
 # Leaves whose values the compiler knows: made once where the program reads them (a device
 # copy made once, not a crossing per call).
 CONSTANTS = ("Scalar", "Arange")

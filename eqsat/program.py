@@ -44,7 +44,7 @@ class Stage:
 
 @dataclass
 class Kernel:
-    kind: str  # loop | reduce | rows | gemm | conv | gather | concat | custom
+    kind: str  # loop | reduce | rows | gemm | conv | gather | concat | pad | custom
     output: str
     dtype: str
     shape: tuple[int, ...]
@@ -455,6 +455,9 @@ class _Lowering:
             return library("gather", list(en.kids), {})
         if en.op == "Concat":
             return library("concat", list(en.kids), {"dim": en.attrs[0]})
+        if en.op == "PadCopy":
+            pads, value = en.attrs
+            return library("pad", list(en.kids), {"pads": tuple(pads), "value_bits": value})
         if en.op == "Custom":
             return library(
                 "custom", self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}

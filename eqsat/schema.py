@@ -58,6 +58,8 @@ def schema_text() -> str:
         "(constructor Gather (Tensor Tensor) Tensor)",
         ";; a and b joined along a dim",
         "(constructor Concat (Tensor Tensor i64) Tensor)",
+        ";; x padded with a constant (float bits): (before, after) per axis",
+        "(constructor PadCopy (Tensor IVec i64) Tensor)",
         ";; a custom op's kernel: name, operands, float attribute bits",
         "(constructor Custom (String TList i64) Tensor)",
         "",
@@ -235,12 +237,12 @@ def placement_text() -> str:
 def half_facts() -> str:
     """The facts that let a GPU target run half types (decision 0032): rounded elementwise
     ops, conversions to and from them, products (cuBLASLt, float32 accumulation), row
-    takes and concatenations (they move bits). The CPU reference device has no half
+    takes, concatenations and pads (they move bits). The CPU reference device has no half
     kernels, so the pipeline asserts these per machine."""
     out = [f'(device-half "{d}")' for d in ot.HALVES]
     for op in ot.rounded_halves():
         out += [f'(device-rounded "{op.name}" "{d}")' for d in ot.HALVES]
-    for name in ("Cast", "Take", "Cat", *ot.HALF_GEMMS):
+    for name in ("Cast", "Take", "Cat", "Pad", *ot.HALF_GEMMS):
         out += [f'(device-dtype "{name}" "{d}")' for d in ot.HALVES]
     return "\n".join(out) + "\n"
 

@@ -88,6 +88,12 @@ def cat_shape(a: Shape, b: Shape, dim: int) -> Shape:
     return tuple(x + y if d == dim else x for d, (x, y) in enumerate(zip(a, b, strict=True)))
 
 
+def pad_shape(x: Shape, pads) -> Shape:
+    if len(pads) != 2 * len(x) or any(p < 0 for p in pads):
+        raise ValueError(f"Pad takes (before, after) >= 0 per axis of {list(x)}, got {pads}")
+    return tuple(n + pads[2 * d] + pads[2 * d + 1] for d, n in enumerate(x))
+
+
 def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Cast":
         return attrs[0]
@@ -166,6 +172,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return take_shape(shapes[0], shapes[1])
     if rule == "cat":
         return cat_shape(shapes[0], shapes[1], attrs[0])
+    if rule == "pad":
+        return pad_shape(shapes[0], attrs[0])
     raise ValueError(f"no shape rule {rule!r}")
 
 

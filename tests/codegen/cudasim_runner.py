@@ -648,10 +648,48 @@ def run_concats() -> int:
     return failures
 
 
+def run_pads() -> int:
+    """Constant pads: packed and transposed inputs of each element width, fills of each
+    width (-inf, a negative integer, a half's bits, true), against numpy's pad."""
+    rng = np.random.default_rng(4)
+    failures = 0
+    cases = [  # dtype, shape, transposed, pads, fill value
+        (np.float32, (2, 3, 4), False, (0, 0, 1, 2, 0, 1), -np.inf),
+        (np.float64, (3, 5), True, (2, 0, 1, 1), -2.5),
+        (np.int16, (4, 3), False, (1, 1, 0, 2), -7),
+        (np.float16, (2, 6), True, (0, 1, 3, 0), 1.5),
+        (np.uint8, (3, 3), False, (1, 0, 0, 1), 1),
+    ]
+    for dtype, shape, transposed, pads, value in cases:
+        base = (rng.standard_normal(shape[::-1] if transposed else shape) * 50).astype(dtype)
+        x = base.T if transposed else base
+        width = x.itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        fill = int(np.asarray(value, dtype=dtype).view(word))
+        if width == 8 and fill >= 2**63:  # the kernel takes the word as int64
+            fill -= 2**64
+        want = np.pad(x, [(pads[2 * d], pads[2 * d + 1]) for d in range(x.ndim)],
+                      constant_values=np.asarray(value, dtype=dtype))  # fmt: skip
+        out = np.zeros(want.size, dtype=word)
+        g = cg.generate_pad(width, x.ndim)
+        fn = cuda.jit(cg.python_function(g))
+        before = [pads[2 * d] for d in range(x.ndim)]
+        fn[2, 32](
+            out, base_of(x).copy().view(word), want.size, np.int64(fill),
+            *want.shape, *x.shape, *before, *[st // width for st in x.strides],
+        )  # fmt: skip
+        ok = np.array_equal(out.view(dtype).reshape(want.shape), want, equal_nan=True)
+        print(f"{'ok' if ok else 'FAIL'} pad {np.dtype(dtype).name} {shape} t={transposed} "
+              f"{pads} fill={value}")  # fmt: skip
+        failures += not ok
+    return failures
+
+
 def main() -> int:
     failures = run_halves()
     failures += run_takes()
     failures += run_concats()
+    failures += run_pads()
     failures += run_copies()
     failures += run_all(GRAPHS)
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches

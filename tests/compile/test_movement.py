@@ -234,3 +234,97 @@ def test_concatenations_run_on_the_gpu_and_replay(dtype):
     prog = recipe.program
     assert host_ops(prog) == [] and "concat" in [k.kind for k in prog.kernels], prog.to_text()
     matches_bit_for_bit_replayed(cf, recipe, (ad, bd), f(a, b))
+
+
+# --- constant pads and the pools that read them -----------------------------------------
+
+POOL_CASES = {
+    "ResNet stem pool (3, 2, 1)": lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1),
+    "overlapping (2, 1)": lambda x: torch.nn.functional.max_pool2d(x, 2, 1) * 2,
+    "dilated and padded": lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, dilation=2),
+    "padded, stride 1": lambda x: torch.nn.functional.max_pool2d(x, 3, 1, 1) - x,
+}
+
+
+def special_image() -> torch.Tensor:
+    x = torch.randn(2, 3, 9, 10, generator=torch.Generator().manual_seed(4))
+    x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    x[1, 2, 4, 4] = float("nan")  # inside: every window over it gives NaN
+    return x
+
+
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_max_pools_with_overlap_padding_or_dilation_are_one_loop(case):
+    """The image padded with -inf (one pad kernel) and the maximum of one strided slice
+    per window position fused into one loop; NaN propagates as in PyTorch's pooling."""
+    x = special_image()
+    compile_and_compare(POOL_CASES[case], x)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    kinds = [k.kind for k in prog.kernels]
+    assert kinds.count("loop") == 1 and kinds.count("pad") == ("overlapping" not in case)
+
+
+def test_max_pools_in_ceil_mode_stay_the_op():
+    x = special_image()
+    compile_and_compare(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, ceil_mode=True), x)
+    ops = host_ops(last_compiled().compiled.program)
+    assert ops[0] == "aten.max_pool2d_with_indices.default", ops
+
+
+PAD_CASES = {
+    "float, two axes": (lambda x: torch.nn.functional.pad(x, (1, 2, 0, 3), value=-1.5) + 1, False),
+    "zeros, last axis": (lambda x: torch.nn.functional.pad(x, (1, 1)), False),
+    "integers": (lambda x: torch.nn.functional.pad(x, (2, 0, 1, 1), value=7), True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PAD_CASES))
+def test_constant_pads_are_device_kernels(case):
+    fn, integers = PAD_CASES[case]
+    x = torch.randint(-5, 5, (3, 4)) if integers else special_image()
+    compile_and_compare(fn, x)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and "pad" in [k.kind for k in prog.kernels], prog.to_text()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.nn.functional.pad(x, (-1, 1)),  # a crop
+        lambda x: torch.nn.functional.pad(x.to(torch.int32), (1, 1), value=2.5),  # not exact
+    ],
+    ids=["negative", "inexact value"],
+)
+def test_pads_that_crop_or_convert_stay_the_op(fn):
+    compile_and_compare(fn, special_image().nan_to_num())
+    assert "aten.constant_pad_nd.default" in host_ops(last_compiled().compiled.program)
+
+
+def test_a_resnet_stem_runs_without_host_steps():
+    stem = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 7, 2, 3, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(3, 2, 1),
+    )
+    torch.manual_seed(0)
+    compile_and_compare(stem, torch.randn(2, 3, 32, 32), atol=2e-5)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["stem pool", "pad"])
+def test_pads_and_padded_pools_run_on_the_gpu_and_replay(dtype, which):
+    x = special_image().to(dtype)
+    if which == "pad":
+        fn = lambda x: torch.nn.functional.pad(x, (1, 2, 3, 0), value=-2.0)  # noqa: E731
+    else:
+        fn = lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1)  # noqa: E731
+    xd = x.to(GPU)
+    cf, recipe = compile_gpu(fn, xd)
+    prog = recipe.program
+    assert host_ops(prog) == [] and "pad" in [k.kind for k in prog.kernels], prog.to_text()
+    matches_bit_for_bit_replayed(cf, recipe, (xd,), fn(x))

@@ -117,3 +117,40 @@ def test_half_concatenations_stay_on_the_host_of_the_reference_device():
 def test_ill_typed_concatenations_are_graph_errors(text, message):
     with pytest.raises(GraphError, match=message):
         parse_graph(text + "\n(output r)\n")
+
+
+PAD = """(input x {d} [2 3 4])
+(let p (Pad x [0 0 1 2 0 1] {v}))
+(let r (Add p p))
+(output r)
+"""
+
+
+@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"], ids=["reference", "cuda"])
+def test_a_pad_is_one_device_kernel_and_keeps_every_value(machine):
+    c = compile_graph(
+        parse_graph(PAD.format(d="f32", v="-inf")), machine=machine, io_on_device=True
+    )
+    assert [k.kind for k in c.program.kernels] == ["pad", "loop"], c.program.to_text()
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 12
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    (got,) = eval_program(c.program, {"x": x})
+    p = np.pad(x, [(0, 0), (1, 2), (0, 1)], constant_values=-np.inf)
+    np.testing.assert_array_equal(got, p + p)
+
+
+def test_half_pads_stay_on_the_host_of_the_reference_device():
+    ref = compile_graph(parse_graph(PAD.format(d="f16", v="0.0")), machine="cpu-reference")
+    assert "Pad" in [s.op for s in ref.program.steps if s.kind == "host"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("(input x f32 [2 3])\n(let r (Pad x [0 0 -1 1] 0.0))", ">= 0"),
+        ("(input x f32 [2 3])\n(let r (Pad x [1 1] 0.0))", "per axis"),
+    ],
+)
+def test_ill_formed_pads_are_graph_errors(text, message):
+    with pytest.raises(GraphError, match=message):
+        parse_graph(text + "\n(output r)\n")
