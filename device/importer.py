@@ -1051,7 +1051,7 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     the maximum over each window (``_pool_windows``). NaN propagates as in PyTorch's
     pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
     differ (PyTorch keeps the first; a reduction's order is its own). Overlapping, padded
-    or dilated windows: a maximum of strided slices (``_max_pool_slices``). The indices (a
+    or dilated windows: a maximum of strided slices (``_pool_slices``). The indices (a
     training forward's) and ceil mode are declined."""
     x, kernel = node.args[0], list(node.args[1])
     rest = list(node.args[2:]) + [None] * 4
@@ -1066,68 +1066,71 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     if all(d == 1 for d in dilation):
         win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
     if win is None:
-        return _max_pool_slices(imp, node.name, imp.env[x.name], kernel, stride, padding,
-                                dilation, ceil_mode, shape)  # fmt: skip
+        if ceil_mode:
+            return None
+        x = imp.env[x.name]
+        return _pool_slices(imp, "max", node.name, x, kernel, stride, padding, dilation, shape)
     return imp.add(Node(node.name, "Amax", (win,), ((4, 5), 0), dtype, shape), node.name)
 
 
 POOL_WINDOW_LIMIT = 64  # most window elements a pool reads per output as separate slices
+# kind -> (pad value, fold op): a padded element never wins a maximum and adds nothing
+_POOL_FOLDS = {"max": (float("-inf"), "Maximum"), "avg": (0.0, "Add")}
 
 
-def _max_pool_slices(imp, name, x, kernel, stride, padding, dilation, ceil_mode, out):
-    """A max pool whose windows overlap or are padded: the image padded with -inf (the
-    value PyTorch's pooling pads with, so a padded element never wins; a window always
-    holds an element of the image), and the maximum of one strided Slice per window
-    position, ``Maximum`` (NaN-propagating) folded over them: one fused loop. Float dtypes
-    and floor mode only; where a window's maximum is a zero held as both -0.0 and +0.0 the
-    sign may differ, as in ``_h_max_pool2d``."""
-    two = lambda v: [*v] * 2 if len(v) == 1 else [*v]  # noqa: E731
-    kernel, stride, padding, dilation = map(two, (kernel, stride, padding, dilation))
+def _pair(v) -> list[int]:
+    return [*v] * 2 if len(v) == 1 else [*v]
+
+
+def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out):
+    """A 2-D pool whose windows overlap, are padded or dilated: the image padded (-inf for
+    a max, zeros for an average that counts the padding, as PyTorch's pooling pads), one
+    strided Slice per window position, and the positions folded in row-major order by
+    ``Maximum`` (NaN-propagating) or ``Add`` then divided by the window's size: one fused
+    loop. Floor mode only (every window inside the padded image, so every window holds an
+    element of the image and an average's divisor is the window's size). Where a max
+    window's maximum is a zero held as both -0.0 and +0.0 the sign may differ, as in
+    ``_h_max_pool2d``; an average sums in float32 where PyTorch's CPU kernel sums in
+    float64 (within float32's rounding)."""
+    kernel, stride, padding, dilation = map(_pair, (kernel, stride, padding, dilation))
     xn = imp.g.nodes[x]
     dtype = xn.dtype
-    if len(xn.shape) != 4 or ceil_mode or dtype not in ot.FLOATS or len(out) != 4:
+    if len(xn.shape) != 4 or dtype not in ot.FLOATS or len(out) != 4:
         return None
     if math.prod(kernel) > POOL_WINDOW_LIMIT or any(n >= min(MARKERS) for n in xn.shape):
         return None
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    n, c, ho, wo = out
-    if ho <= 0 or wo <= 0:
+    n, c, ho, wo = out = tuple(out)
+    h, w = xn.shape[2] + 2 * ph, xn.shape[3] + 2 * pw
+    if ho <= 0 or wo <= 0 or (kh - 1) * dh + sh * (ho - 1) >= h:
         return None
+    if (kw - 1) * dw + sw * (wo - 1) >= w:
+        return None
+    fill, fold = _POOL_FOLDS[kind]
     src = x
     if ph or pw:
-        pads = (0, 0, 0, 0, ph, ph, pw, pw)
-        padded = (n, c, xn.shape[2] + 2 * ph, xn.shape[3] + 2 * pw)
-        src = imp.add(
-            Node(imp.fresh("pool_pad"), "Pad", (x,), (pads, float_bits(float("-inf"))), dtype,
-                 padded)
-        )  # fmt: skip
-    h, w = imp.g.nodes[src].shape[2:]
-    best = None
+        attrs = ((0, 0, 0, 0, ph, ph, pw, pw), float_bits(fill))
+        src = imp.add(Node(imp.fresh("pool_pad"), "Pad", (x,), attrs, dtype, (n, c, h, w)))
+    slices = []
     for i in range(kh):
         for j in range(kw):
             r0, c0 = i * dh, j * dw
-            if r0 + sh * (ho - 1) >= h or c0 + sw * (wo - 1) >= w:
-                return None  # a window past the padded image (ceil mode's windows)
-            rows = imp.add(
-                Node(imp.fresh("pool_rows"), "Slice", (src,), (2, r0, r0 + sh * (ho - 1) + 1, sh),
-                     dtype, (n, c, ho, w))
-            )  # fmt: skip
-            cols = imp.add(
-                Node(imp.fresh("pool_at"), "Slice", (rows,), (3, c0, c0 + sw * (wo - 1) + 1, sw),
-                     dtype, (n, c, ho, wo))
-            )  # fmt: skip
-            if best is None:
-                best = cols
-                continue
-            last = i == kh - 1 and j == kw - 1
-            best = imp.add(
-                Node(name if last else imp.fresh("pool_max"), "Maximum", (best, cols), (), dtype,
-                     tuple(out)),
-                name if last else None,
-            )  # fmt: skip
-    if kh * kw == 1:  # a 1x1 window: the strided slice itself
-        return imp.add(Node(name, "View", (best,), (tuple(out),), dtype, tuple(out)), name)
-    return best
+            rows = (2, r0, r0 + sh * (ho - 1) + 1, sh)
+            r = imp.add(Node(imp.fresh("pool_rows"), "Slice", (src,), rows, dtype, (n, c, ho, w)))
+            cols = (3, c0, c0 + sw * (wo - 1) + 1, sw)
+            slices.append(imp.add(Node(imp.fresh("pool_at"), "Slice", (r,), cols, dtype, out)))
+    if len(slices) == 1:  # a 1x1 window: the strided slice itself
+        if kind == "max":
+            return imp.add(Node(name, "View", (slices[0],), (out,), dtype, out), name)
+    acc = slices[0]
+    for k, at in enumerate(slices[1:], 2):
+        last = kind == "max" and k == len(slices)  # the result itself: no View after it
+        node = Node(name if last else imp.fresh("pool"), fold, (acc, at), (), dtype, out)
+        acc = imp.add(node, name if last else None)
+    if kind == "avg":
+        size = imp.scalar(float(kh * kw), dtype)
+        return imp.add(Node(name, "Div", (acc, size), (), dtype, out), name)
+    return acc
 
 
 def _h_constant_pad(imp: _Importer, node: torch.fx.Node):
@@ -1161,9 +1164,11 @@ def _h_constant_pad(imp: _Importer, node: torch.fx.Node):
 
 
 def _h_avg_pool2d(imp: _Importer, node: torch.fx.Node):
-    """avg_pool2d over windows that tile the image: the mean of each window (no padding, so
-    count_include_pad does not matter; a divisor override is declined). NaN and infinities
-    as in PyTorch's pooling (a sum of the window, divided)."""
+    """avg_pool2d over windows that tile the image: the mean of each window. Overlapping or
+    padded windows (padding counted, PyTorch's default): a sum of strided slices divided
+    by the window's size (``_pool_slices``). A divisor override, ceil mode and padding
+    left out of the count are declined. NaN and infinities as in PyTorch's pooling (a sum
+    of the window, divided)."""
     x, kernel = node.args[0], list(node.args[1])
     rest = list(node.args[2:]) + [None] * 5
     stride = list(rest[0]) if rest[0] else kernel
@@ -1176,7 +1181,11 @@ def _h_avg_pool2d(imp: _Importer, node: torch.fx.Node):
         return None
     win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
     if win is None:
-        return None
+        include_pad = rest[3] is None or bool(rest[3])
+        if ceil_mode or (any(padding) and not include_pad):
+            return None  # partial windows, or a divisor that counts only the image
+        x = imp.env[x.name]
+        return _pool_slices(imp, "avg", node.name, x, kernel, stride, padding, [1], shape)
     return imp.add(Node(node.name, "Mean", (win,), ((4, 5), 0), dtype, shape), node.name)
 
 

@@ -486,11 +486,17 @@ def test_pool_kernels_are_ones_the_gpu_emitter_takes():
             dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
             "aten.max_pool2d_with_indices.default",
         ),
-        ("avg", dict(kernel_size=3, stride=2, padding=1), "aten.avg_pool2d.default"),
+        (
+            "avg",
+            dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+            "aten.avg_pool2d.default",
+        ),
         ("avg", dict(kernel_size=2, divisor_override=3), "aten.avg_pool2d.default"),
     ],
 )
-def test_pool_in_ceil_mode_with_overlap_or_a_divisor_override_stays_the_call(pool, kw, call):
+def test_pool_in_ceil_mode_without_padding_counted_or_a_divisor_override_stays_the_call(
+    pool, kw, call
+):
     fn = getattr(torch.nn.functional, f"{pool}_pool2d")
     x = torch.randn(2, 3, 8, 8)
     compile_and_compare(lambda x: fn(x, **kw) * 2, x)

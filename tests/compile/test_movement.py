@@ -243,6 +243,8 @@ POOL_CASES = {
     "overlapping (2, 1)": lambda x: torch.nn.functional.max_pool2d(x, 2, 1) * 2,
     "dilated and padded": lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, dilation=2),
     "padded, stride 1": lambda x: torch.nn.functional.max_pool2d(x, 3, 1, 1) - x,
+    "average, padded": lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, 1),
+    "average, overlapping": lambda x: torch.nn.functional.avg_pool2d(x, 2, 1) * 2,
 }
 
 
@@ -254,9 +256,10 @@ def special_image() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", sorted(POOL_CASES))
-def test_max_pools_with_overlap_padding_or_dilation_are_one_loop(case):
-    """The image padded with -inf (one pad kernel) and the maximum of one strided slice
-    per window position fused into one loop; NaN propagates as in PyTorch's pooling."""
+def test_pools_with_overlap_padding_or_dilation_are_one_loop(case):
+    """The image padded (-inf for a max, zeros for an average: one pad kernel) and the
+    maximum or the sum of one strided slice per window position fused into one loop; NaN
+    and infinities as in PyTorch's pooling."""
     x = special_image()
     compile_and_compare(POOL_CASES[case], x)
     prog = last_compiled().compiled.program
