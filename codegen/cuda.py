@@ -1776,24 +1776,45 @@ class TakeKernel:
         launch(core_stream(stream), config, kernel, *[np.uint64(q) for q in ptrs], *ints)
 
 
-class ConcatKernel:
-    """Concatenations of two operands for one element width, rank and dim (see
-    ``concat_source``), compiled at first use. The launcher checks the operands against
-    the kernel and the output's shape."""
+class _FlatKernel:
+    """A generated grid-stride kernel (concatenation, pad) compiled at first use, with its
+    launch geometry and integer arguments worked out once per operand layout."""
 
-    def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int]):
-        self.g = generate_concat(width, rank, dim)
-        self.rank, self.dim, self.cc = rank, dim, cc
+    def __init__(self, g: Generated, cc: tuple[int, int]):
+        self.g, self.cc = g, cc
         self._kernel = None
         self._plans: dict[tuple, tuple] = {}
 
-    def launch(self, stream: int, ptrs: tuple[int, int, int], a: tuple, b: tuple) -> None:
-        """``ptrs``: out, a, b; ``a``, ``b``: (shape, strides) in elements."""
+    def _launch(self, stream: int, ptrs: tuple[int, ...], key: tuple, ints_of) -> None:
+        """``ints_of()``: (element count, the kernel's integer arguments) for ``key``."""
         from cuda.core import LaunchConfig, launch
 
-        key = (a, b)
         p = self._plans.get(key)
         if p is None:
+            n, ints = ints_of()
+            blocks, threads = grid_for(self.g, {"n": n})
+            config = LaunchConfig(grid=blocks, block=threads)
+            p = self._plans[key] = (n, config, [np.int64(v) for v in ints])
+        n, config, ints = p
+        if n == 0:
+            return
+        if self._kernel is None:
+            self._kernel = load(self.g, self.cc)
+        launch(core_stream(stream), config, self._kernel, *[np.uint64(q) for q in ptrs], *ints)
+
+
+class ConcatKernel(_FlatKernel):
+    """Concatenations of two operands for one element width, rank and dim (see
+    ``concat_source``). The launcher checks the operands against the kernel."""
+
+    def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int]):
+        super().__init__(generate_concat(width, rank, dim), cc)
+        self.rank, self.dim = rank, dim
+
+    def launch(self, stream: int, ptrs: tuple[int, int, int], a: tuple, b: tuple) -> None:
+        """``ptrs``: out, a, b; ``a``, ``b``: (shape, strides) in elements."""
+
+        def ints_of():
             (sa, ta), (sb, tb) = a, b
             d = self.dim
             if (
@@ -1806,55 +1827,30 @@ class ConcatKernel:
                 )
             shape = tuple(sb[k] + x if k == d else x for k, x in enumerate(sa))
             n = math.prod(shape)
-            blocks, threads = grid_for(self.g, {"n": n})
-            ints = [n, sa[d], *shape, *ta, *tb]
-            p = self._plans[key] = (
-                n,
-                LaunchConfig(grid=blocks, block=threads),
-                [np.int64(v) for v in ints],
-            )
-        n, config, ints = p
-        if n == 0:
-            return
-        if self._kernel is None:
-            self._kernel = load(self.g, self.cc)
-        launch(core_stream(stream), config, self._kernel, *[np.uint64(q) for q in ptrs], *ints)
+            return n, [n, sa[d], *shape, *ta, *tb]
+
+        self._launch(stream, ptrs, (a, b), ints_of)
 
 
-class PadKernel:
-    """Constant pads for one element width and rank (see ``pad_source``), compiled at
-    first use. ``fill``: the constant's bits as an unsigned word of the element's width."""
+class PadKernel(_FlatKernel):
+    """Constant pads for one element width and rank (see ``pad_source``). ``fill``: the
+    constant's bits as an unsigned word of the element's width."""
 
     def __init__(self, width: int, rank: int, cc: tuple[int, int]):
-        self.g = generate_pad(width, rank)
-        self.rank, self.cc = rank, cc
-        self._kernel = None
-        self._plans: dict[tuple, tuple] = {}
+        super().__init__(generate_pad(width, rank), cc)
+        self.rank = rank
 
     def launch(self, stream: int, ptrs: tuple[int, int], x: tuple, pads, fill: int) -> None:
         """``ptrs``: out, x; ``x``: (shape, strides) in elements; ``pads``: (before, after)
         per axis, axis 0 first."""
-        from cuda.core import LaunchConfig, launch
 
-        key = (x, tuple(pads), fill)
-        p = self._plans.get(key)
-        if p is None:
+        def ints_of():
             shape, strides = x
             if len(shape) != self.rank or len(pads) != 2 * self.rank:
                 raise KernelError(f"pad kernel {self.g.name} got {list(shape)} and {pads}")
             before = [pads[2 * d] for d in range(self.rank)]
             out = [n + pads[2 * d] + pads[2 * d + 1] for d, n in enumerate(shape)]
             n = math.prod(out)
-            blocks, threads = grid_for(self.g, {"n": n})
-            ints = [n, fill, *out, *shape, *before, *strides]
-            p = self._plans[key] = (
-                n,
-                LaunchConfig(grid=blocks, block=threads),
-                [np.int64(v) for v in ints],
-            )
-        n, config, ints = p
-        if n == 0:
-            return
-        if self._kernel is None:
-            self._kernel = load(self.g, self.cc)
-        launch(core_stream(stream), config, self._kernel, *[np.uint64(q) for q in ptrs], *ints)
+            return n, [n, fill, *out, *shape, *before, *strides]
+
+        self._launch(stream, ptrs, (x, tuple(pads), fill), ints_of)

@@ -713,15 +713,12 @@ def _h_index_select(imp: _Importer, node: torch.fx.Node):
     dim %= rank
     if dim == 0:
         return _take_rows(imp, xn.name, inn.name, node.name, shape, node.name)
+    if len(inn.shape) != 1 or inn.dtype not in ot.INDEX_DTYPES:
+        return None  # (checked before any node is added: nothing is left behind)
     perm = (dim, *(d for d in range(rank) if d != dim))
     moved = tuple(xn.shape[d] for d in perm)
     p = imp.add(Node(imp.fresh("take_first"), "Permute", (xn.name,), (perm,), dtype, moved))
-    taken = (*inn.shape, *moved[1:]) if inn.shape else moved[1:]
-    if len(taken) != rank:
-        return None
-    t = _take_rows(imp, p, inn.name, imp.fresh("take_moved"), taken)
-    if t is None:
-        return None
+    t = _take_rows(imp, p, inn.name, imp.fresh("take_moved"), (*inn.shape, *moved[1:]))
     back = tuple(sorted(range(rank), key=perm.__getitem__))
     return imp.add(Node(node.name, "Permute", (t,), (back,), dtype, tuple(shape)), node.name)
 

@@ -243,6 +243,9 @@ def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(b == 0, q, f).astype(q.dtype)
 
 
+# Ops that only move bits (takes, concatenations, pads) run on every type the device
+# stores; halves on GPU targets only (schema.half_facts)
+MOVED = ("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64")
 INDEX_DTYPES = ("i32", "i64")  # what a Take's index may be (PyTorch's index ops take these)
 
 
@@ -710,9 +713,7 @@ OPS: tuple[Op, ...] = (
         (),
         (),
         numpy=_take,
-        # moves bits only: every type the device stores (halves on GPU targets, see
-        # schema.half_facts)
-        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),
+        dtypes=MOVED,
         shape="take",
         doc="table[index] along a 2-D table's first axis; an index out of range raises",
     ),
@@ -723,7 +724,7 @@ OPS: tuple[Op, ...] = (
         (("dim", "int"),),
         (),
         numpy=_cat,
-        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),  # moves bits, as Take
+        dtypes=MOVED,
         shape="cat",
         doc="a and b joined along dim (the importer folds longer concatenations)",
     ),
@@ -734,7 +735,7 @@ OPS: tuple[Op, ...] = (
         (("pads", "ints"), ("value", "bits")),
         (),
         numpy=_pad,
-        dtypes=("bool", "u8", "i8", "i16", "i32", "i64", "f32", "f64"),  # moves bits, as Take
+        dtypes=MOVED,
         shape="pad",
         doc="x with (before, after) elements of value around each axis, axis 0 first",
     ),

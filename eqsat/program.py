@@ -550,21 +550,11 @@ class _Lowering:
             if o.indexing == "scalar":
                 ops.append(o)
                 continue
-            name = self.done_extra.get(("in-order", o.value, tuple(order)))
+            key = ("in-order", o.value, tuple(order))
+            name = self.done_extra.get(key)
             if name is None:
-                name = self.emit(
-                    Step(
-                        "view",
-                        f"{o.value}p",
-                        "Permute",
-                        (o.value,),
-                        (tuple(order),),
-                        o.dtype,
-                        new_domain,
-                        place=DEVICE,
-                    )
-                )
-                self.done_extra[("in-order", o.value, tuple(order))] = name
+                name = self._view_step(o.value, "Permute", (tuple(order),), o.dtype, new_domain)
+                self.done_extra[key] = name
             ops.append(Operand(name, o.dtype, new_domain, "same"))
         return ops, new_domain, new_dims
 

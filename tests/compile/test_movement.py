@@ -105,12 +105,17 @@ def test_an_index_out_of_range_raises_and_the_next_call_runs():
 
 def test_a_boolean_mask_is_not_a_take():
     """x[mask] selects the rows where the mask is true (its length depends on the values):
-    the importer leaves it to PyTorch."""
+    no graph saturn compiles for it holds a take (Dynamo runs the selection itself)."""
     t = table()
     mask = torch.tensor([True, False] * 5)
     torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
     got = torch.compile(lambda t, m: t[m] * 2, backend="saturn")(t.to(DEV), mask.to(DEV))
     torch.testing.assert_close(got.cpu(), t[mask] * 2, equal_nan=True)
+    new = backend.CACHE.compiles - compiles
+    hits = list(backend.CACHE.items.values())[-new:] if new else []
+    for hit in hits:  # whatever this call compiled holds no take
+        assert "gather" not in [k.kind for k in hit.compiled.program.kernels]
 
 
 # --- on the GPU ---------------------------------------------------------------------------
