@@ -68,6 +68,18 @@ def layout(t: torch.Tensor) -> Layout:
     return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
 
+def _index_in_range(prog, s: Step) -> bool:
+    """The take's index is a constant ``Arange`` whose every value lies in [0, rows): it
+    cannot set the error word (a flip's reversed index, for one)."""
+    idx = next((st for st in prog.steps if st.output == s.args[1]), None)
+    if idx is None or idx.kind != "const" or idx.op != "Arange":
+        return False
+    start, step, n, _ = idx.attrs
+    rows = s.kernel.inputs[0].shape[0]
+    ends = (start, start + step * max(n - 1, 0))
+    return n == 0 or (min(ends) >= 0 and max(ends) < rows)
+
+
 class GpuRunner:
     # tf32x3 GEMMs are kept only where faster than float32 (tests turn the choice off)
     choose_precision = True
@@ -88,6 +100,7 @@ class GpuRunner:
         # row takes raise a device word on an index out of range, read after every call
         self.err_word: torch.Tensor | None = None
         self._err_host = np.zeros(1, dtype=np.int32)
+        self._unchecked_takes = False  # a take whose index the compiler cannot bound
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
@@ -105,6 +118,7 @@ class GpuRunner:
                     self.takes[s.output] = cg.TakeKernel(
                         cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
                     )
+                    self._unchecked_takes |= not _index_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "concat":
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(
@@ -166,7 +180,7 @@ class GpuRunner:
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
-            if self.takes:
+            if self.takes:  # (written only by a take whose index is not known in range)
                 self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
@@ -411,8 +425,9 @@ class GpuRunner:
     def _check_indices(self) -> None:
         """Raise if a row take met an index out of range in this call (its kernel wrote
         zeros there and read nothing): the error word is copied to the host after the
-        call's work, which waits for it (4 bytes; programs without takes skip this)."""
-        if self.err_word is None:
+        call's work, which waits for it (4 bytes; programs whose takes all read constant
+        indices in range skip this, and so stay asynchronous)."""
+        if not self._unchecked_takes:
             return
         drv = _driver()
         word = self.err_word.data_ptr()

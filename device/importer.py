@@ -736,6 +736,43 @@ def _h_index(imp: _Importer, node: torch.fx.Node):
     return _take_rows(imp, table, index, node.name, _tensor_type(node)[1], node.name)
 
 
+def _h_flip(imp: _Importer, node: torch.fx.Node):
+    """flip(x, dims): along each flipped axis of more than one element, a take of x's
+    slices by the constant index n-1, ..., 0 (axis first through a permute, as
+    index_select does). A constant index is in range by construction: no call-time check."""
+    x, dims = node.args[:2]
+    xn = imp.g.nodes[imp.env[x.name]]
+    rank = len(xn.shape)
+    dtype, shape = _tensor_type(node)
+    if rank == 0 or not all(type(d) is int and -rank <= d < rank for d in dims):
+        return None
+    axes = sorted({d % rank for d in dims if xn.shape[d % rank] > 1})
+    cur = xn.name
+    if not axes:  # nothing moves: the same values
+        return imp.add(
+            Node(node.name, "View", (cur,), (tuple(shape),), dtype, tuple(shape)), node.name
+        )
+    for i, dim in enumerate(axes):
+        n, last = xn.shape[dim], i == len(axes) - 1
+        rev = imp.add(
+            Node(imp.fresh("flip_index"), "Arange", (), (n - 1, -1, n, "i64"), "i64", (n,))
+        )
+        if dim == 0:
+            name = node.name if last else imp.fresh("flip")
+            cur = _take_rows(imp, cur, rev, name, tuple(shape), node.name if last else None)
+            continue
+        perm = (dim, *(d for d in range(rank) if d != dim))
+        moved = tuple(xn.shape[d] for d in perm)
+        p = imp.add(Node(imp.fresh("flip_first"), "Permute", (cur,), (perm,), dtype, moved))
+        t = _take_rows(imp, p, rev, imp.fresh("flip"), moved)
+        back = tuple(sorted(range(rank), key=perm.__getitem__))
+        name = node.name if last else imp.fresh("flip_back")
+        cur = imp.add(
+            Node(name, "Permute", (t,), (back,), dtype, tuple(shape)), node.name if last else None
+        )
+    return cur
+
+
 CAT_CHUNKS = 4  # most pieces a concatenation is cut into (each output element reads one per piece)
 
 
@@ -1839,6 +1876,7 @@ _HANDLERS = {
     "aten.index.Tensor": _h_index,
     "aten.embedding.default": _h_embedding,
     "aten.index_select.default": _h_index_select,
+    "aten.flip.default": _h_flip,
     "aten.div.Tensor_mode": _h_div_mode,
     "aten.div.Scalar_mode": _h_div_mode,
     "aten.convolution.default": _h_convolution,

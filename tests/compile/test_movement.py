@@ -1,10 +1,10 @@
-"""Data movement in compiled graphs. Row takes: embedding, index_select along any axis and
-x[index] run as one device kernel (``gather``) instead of a host op that copies the whole
-table across every call. Concatenations past the equal-pieces selection: a tree of
-two-operand ``concat`` kernels. Values against eager PyTorch on the CPU (bit for bit: both
-move bits), the program's steps as proof of where the work ran, and an index out of
-range raising IndexError as PyTorch does, on saturn:0 and (marker gpu) on saturn:1 under
-replay."""
+"""Data movement in compiled graphs. Row takes: embedding, index_select along any axis,
+x[index] and flip (a take by a constant reversed index) run as one device kernel
+(``gather``) instead of a host op that copies the whole table across every call.
+Concatenations past the equal-pieces selection: a tree of two-operand ``concat`` kernels.
+Values against eager PyTorch on the CPU (bit for bit: both move bits), the program's steps
+as proof of where the work ran, and an index out of range raising IndexError as PyTorch
+does, on saturn:0 and (marker gpu) on saturn:1 under replay."""
 
 from __future__ import annotations
 
@@ -179,6 +179,28 @@ def test_an_index_out_of_range_raises_on_the_gpu_under_replay():
     torch.testing.assert_close(cf(td, bad_in).cpu(), f(t, good), equal_nan=True)
 
 
+FLIPS = {  # (function, shape); axes of one element do not move
+    "last axis": (lambda x: x.flip(-1) * 2, (3, 5)),
+    "first axis": (lambda x: x.flip(0) + 1, (4, 3, 2)),
+    "a middle axis": (lambda x: x.flip(1), (2, 5, 3)),
+    "two axes": (lambda x: x.flip(0, 2) - 1, (3, 2, 4)),
+    "unit axes only": (lambda x: x.flip(1) * 3, (4, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLIPS))
+def test_flips_are_takes_by_a_constant_index(case):
+    fn, shape = FLIPS[case]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(4))
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+    compile_and_compare(fn, x)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    moved = sum(n > 1 for n in shape) if case != "unit axes only" else 0
+    want = {"two axes": 2}.get(case, min(moved, 1))
+    assert [k.kind for k in prog.kernels].count("gather") == want, prog.to_text()
+
+
 # --- concatenations past the equal-pieces form ------------------------------------------
 
 CAT_CASES = {  # (function, shapes of a and b)
@@ -237,8 +259,11 @@ def test_concatenations_run_on_the_gpu_and_replay(dtype):
     ad, bd = a.to(GPU), b.to(GPU)
     cf, recipe = compile_gpu(f, ad, bd)
     prog = recipe.program
-    assert host_ops(prog) == [] and "concat" in [k.kind for k in prog.kernels], prog.to_text()
+    kinds = [k.kind for k in prog.kernels]
+    assert host_ops(prog) == [] and {"concat", "gather"} <= set(kinds), prog.to_text()
     matches_bit_for_bit_replayed(cf, recipe, (ad, bd), f(a, b))
+    # the flip's index is a constant in range: no error word read, the call stays async
+    assert not recipe.runner._unchecked_takes
 
 
 # --- constant pads and the pools that read them -----------------------------------------
