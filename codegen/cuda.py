@@ -25,6 +25,7 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -720,11 +721,30 @@ def rows_lanes(k: Kernel) -> int:
     return lanes if k.domain and k.domain[-1] % lanes == 0 else 1
 
 
+ROW_REGISTERS = 64  # most operand values per thread a rows kernel keeps between its passes
+
+
+def row_cache(k: Kernel, width: int, lanes: int) -> tuple[int, list[int]] | None:
+    """(steps per pass, operands kept) where a rows kernel keeps the row in registers: the
+    row-indexed operands its stages read, loaded once in the first pass, when they fit
+    ``ROW_REGISTERS`` values per thread; None where they do not (later passes re-read)."""
+    if not k.stages or not k.domain:
+        return None
+    steps = math.ceil(k.domain[-1] / (width * lanes))
+    used = set().union(*(_used(st.body) for st in k.stages))
+    kept = [i for i in sorted(used) if k.inputs[i].indexing in ("same", "strided")]
+    if not kept or steps * lanes * len(kept) > ROW_REGISTERS:
+        return None
+    return steps, kept
+
+
 def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     """A ``rows`` kernel (``fuse_rows``): a warp (or a block, ``rows_threads``) per row
     computes the stages in order (each a pass over the row, reduced across its threads and
-    broadcast to all of them), then a last pass writes the body. Later passes re-read the
-    row, which the first brought into cache.
+    broadcast to all of them), then a last pass writes the body.
+    Where the row fits in registers (``row_cache``) the passes are unrolled and the first
+    one loads the row-indexed operands into registers that the later passes read: the row
+    crosses from memory once. Otherwise later passes re-read the row (mostly from cache).
     With ``lanes`` > 1 a lane takes that many adjacent elements per step, packed operands
     and the output as one vector access."""
     rank = len(k.domain)
@@ -736,20 +756,34 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         ["out", *[f"in{i}" for i in range(len(k.inputs))]],
         ["outer", "red", *(dnames if uses_shape else []), *ints],
     )
+    width = rows_threads(k, lanes)  # threads sharing a row
+    block = width > 32
+    first = "tid" if block else "lane"
+    cache = row_cache(k, width, lanes)
+    kept = cache[1] if cache else []
 
-    def reads(e: tuple) -> list[str]:
+    def var(i: int, u: int, t: int | None = None) -> str:
+        """Operand i's value at lane u (of step t, for a kept operand)."""
+        base = f"in{i}_v{u}" if lanes > 1 else f"in{i}_v"
+        return f"h{t}_{base}" if t is not None and i in kept else base
+
+    def reads(used: set[int], t: int | None = None) -> list[str]:
         if lanes > 1:
-            return _vector_reads(k, lanes, rank, dnames, ind, _used(e))
-        skip = tuple(f"{ind}in{i}_v =" for i in range(len(k.inputs)) if i not in _used(e))
-        return [ln for ln in all_reads if not ln.startswith(skip)] if skip else all_reads
+            lines = _vector_reads(k, lanes, rank, dnames, ind, used)
+        else:
+            skip = tuple(f"{ind}in{i}_v =" for i in range(len(k.inputs)) if i not in used)
+            lines = [ln for ln in all_reads if not ln.startswith(skip)] if skip else all_reads
+        if t is None or not kept:
+            return lines
+        pattern = re.compile(rf"\bin({'|'.join(map(str, kept))})_v")
+        return [pattern.sub(lambda m: f"h{t}_in{m.group(1)}_v", ln) for ln in lines]
 
-    def bodies(e: tuple, tag: str) -> tuple[list[str], list[str]]:
+    def bodies(e: tuple, tag: str, t: int | None = None) -> tuple[list[str], list[str]]:
         """Statements and result variables of ``e`` for each lane of a step."""
         lines, results = [], []
         for u in range(lanes):
-            name = (lambda i, u=u: f"in{i}_v{u}") if lanes > 1 else (lambda i: f"in{i}_v")
             w = BodyWriter(
-                name,
+                lambda i, u=u: var(i, u, t),
                 lambda i: compute_dtype(k.inputs[i].dtype),
                 f"{tag}u{u}",
                 stage_vars.__getitem__,
@@ -759,16 +793,33 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             results.append(res)
         return lines, results
 
-    width = rows_threads(k, lanes)  # threads sharing a row
-    block = width > 32
-    first = "tid" if block else "lane"
-
-    def step_head() -> list[str]:
-        return [
-            f"        r = {first} * {lanes}",
-            "        while r < red:",
-            "            j = row * red + r",
-        ]
+    def passes(e: tuple, tag: str, step: Callable[[list[str], list[str]], list[str]], load: set):
+        """One pass over the row: a loop of steps, or (row in registers) its unrolled steps;
+        ``load``: the kept operands this pass loads (the first pass loads them all)."""
+        used = _used(e)
+        if cache is None:
+            body_lines, results = bodies(e, tag)
+            return [
+                f"        r = {first} * {lanes}",
+                "        while r < red:",
+                "            j = row * red + r",
+                *reads(used),
+                *body_lines,
+                *step(body_lines, results),
+                f"{ind}r += {width * lanes}",
+            ]
+        out = []
+        for t in range(cache[0]):
+            body_lines, results = bodies(e, f"{tag}t{t}", t)
+            out += [
+                f"        r = {first} * {lanes} + {t * width * lanes}",
+                "        if r < red:",
+                "            j = row * red + r",
+                *reads((used - set(kept)) | load, t),
+                *body_lines,
+                *step(body_lines, results),
+            ]
+        return out
 
     stage_vars: list[tuple[str, str]] = []
     if block:  # a block per row (long rows)
@@ -785,16 +836,27 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             f"    row = cuda.blockIdx.x * {ROWS_PER_BLOCK} + cuda.threadIdx.x // 32",
             "    if row < outer:",  # a whole warp shares its row: the shuffles see all 32 lanes
         ]
+    if cache is not None:  # the kept values are defined on every path (a row's last step
+        # may lie past its end for some threads)
+        lines += [
+            f"        {var(i, u, t)} = {NUMBA_TYPE[compute_dtype(k.inputs[i].dtype)]}(0)"
+            for t in range(cache[0])
+            for i in kept
+            for u in range(lanes)
+        ]
     for j, st in enumerate(k.stages):
         acc, acc_t = f"acc{j}", st.acc_dtype
-        body_lines, results = bodies(st.body, f"s{j}")
-        lines += [f"        {acc} = {_identity(st.reduce, acc_t)}", *step_head()]
-        lines += reads(st.body) + body_lines
-        for res in results:
-            lines.append(f"{ind}{acc} = {_combine(st.reduce, acc, f'{NUMBA_TYPE[acc_t]}({res})')}")
+
+        def combine(_, results, acc=acc, st=st, acc_t=acc_t):
+            return [
+                f"{ind}{acc} = {_combine(st.reduce, acc, f'{NUMBA_TYPE[acc_t]}({res})')}"
+                for res in results
+            ]
+
+        lines.append(f"        {acc} = {_identity(st.reduce, acc_t)}")
+        lines += passes(st.body, f"s{j}", combine, set(kept) if j == 0 else set())
         shfl = _combine(st.reduce, acc, f"cuda.shfl_down_sync(0xFFFFFFFF, {acc}, off)")
         lines += [
-            f"{ind}r += {width * lanes}",
             "        off = 16",
             "        while off > 0:",
             f"            {acc} = {shfl}",
@@ -829,14 +891,14 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             lines += ["        " + b for b in w.lines]
         lines.append(f"        st{j} = {NUMBA_TYPE[st.dtype]}({value})")
         stage_vars.append((f"st{j}", st.dtype))
-    body_lines, results = bodies(stored_body(k.body, k.dtype), "")
-    lines += step_head() + reads(k.body) + body_lines
-    if lanes > 1:
-        stored = ", ".join(store_expr(k.dtype, v) for v in results)
-        lines.append(f"{ind}vstore{lanes}(out, j, {stored})")
-    else:
-        lines.append(ind + _store(k, "j", results[0]))
-    lines.append(f"{ind}r += {width * lanes}")
+
+    def store(_, results):
+        if lanes > 1:
+            stored = ", ".join(store_expr(k.dtype, v) for v in results)
+            return [f"{ind}vstore{lanes}(out, j, {stored})"]
+        return [ind + _store(k, "j", results[0])]
+
+    lines += passes(stored_body(k.body, k.dtype), "", store, set())
     return "\n".join(lines), params
 
 

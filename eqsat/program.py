@@ -948,6 +948,78 @@ def fuse_rows(prog: Program) -> Program:
     return out
 
 
+def inline_row_producers(prog: Program) -> Program:
+    """A loop over a rows kernel's own domain, read by that rows kernel alone (a residual
+    add before a layer norm), is computed inside it instead of written and read back: its
+    body replaces the operand in every stage and in the body, over its own operands (read
+    the same way, the domains being equal). Where the row fits in registers the rows
+    kernel loads those operands once per row (``codegen.cuda.row_cache``); the loop's
+    output never goes through memory. Exact: the body is the same scalar expression the
+    loop stored, in the same type (float32 and float64 loops only: a narrower loop rounds
+    when it stores, which the inlined value would not). GPU programs (after ``fuse_rows``)."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    outputs = set(prog.outputs)
+    by_output = {s.output: s for s in prog.steps}
+    gone: set[str] = set()
+    for s in prog.steps:
+        if s.kernel is not None and s.kernel.kind == "rows":
+            gone |= _inline_into(s, by_output, users, outputs)
+    if not gone:
+        return prog
+    out = _renumber(
+        Program([s for s in prog.steps if s.output not in gone], prog.outputs, prog.inputs)
+    )
+    validate(out)
+    return out
+
+
+def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
+    """Inline into rows step ``s`` the loops only it reads (``inline_row_producers``);
+    the inlined steps' outputs."""
+    k = s.kernel
+    dom = tuple(k.domain)
+    operands: list[Operand] = []
+    slot: dict[tuple[str, str], int] = {}
+
+    def add(o: Operand) -> Expr:
+        key = (o.value, o.indexing)
+        if key not in slot:
+            slot[key] = len(operands)
+            operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
+        return ("in", slot[key])
+
+    table: dict[int, Expr] = {}
+    inlined: list[Step] = []
+    for i, o in enumerate(k.inputs):
+        p = by_output.get(o.value)
+        pk = p.kernel if p is not None else None
+        if (
+            o.indexing == "same"
+            and pk is not None
+            and pk.kind == "loop"
+            and pk.dtype in ROW_FLOATS
+            and tuple(pk.domain) == dom
+            and tuple(pk.shape) == dom
+            and o.value not in outputs
+            and users.get(o.value) == {s.output}
+        ):
+            table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
+            inlined.append(p)
+        else:
+            table[i] = add(o)
+    if not inlined:
+        return set()
+    k.stages = [replace(st, body=_remap(st.body, table)) for st in k.stages]
+    k.body = _remap(k.body, table)
+    k.inputs = operands
+    k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
+    s.args = tuple(o.value for o in operands)
+    return {p.output for p in inlined}
+
+
 def _renumber(prog: Program) -> Program:
     """Name values v0, v1, ... in definition order, so printed programs are stable."""
     new = {s.output: f"v{i}" for i, s in enumerate(prog.steps)}

@@ -132,6 +132,10 @@ GRAPHS = {
     "(param b f64 [1030])\n(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
     "rows_layer_norm_vector": "(input x f32 [3 2 136])\n(param w f32 [136])\n"
     "(param b f32 [136])\n(let r (LayerNorm x w b [2] 1e-05))\n(output r)",
+    # two row operands (an embedding block's sum), one of them strided, both kept
+    "rows_add_layer_norm": "(input x f32 [4 90])\n(input y f32 [90 4])\n(param w f32 [90])\n"
+    "(param b f32 [90])\n(let r (LayerNorm (Add x (Permute y [1 0])) w b [1] 1e-05))\n"
+    "(output r)",
     # log1p of |x| (Python's math.log1p, which the simulator runs, raises below -1),
     # expm1 and atan2 with NaN, infinities and both zeros
     # sin and cos (of tanh: Python's math.sin, which the simulator runs, raises for inf)
@@ -701,6 +705,14 @@ def main() -> int:
     # and columns, NaN through max, mean's division and an epilogue, integers widening
     # (few rows: the simulator runs a Python thread per GPU thread)
     failures += run_all({k: GRAPHS[k] for k in SPLIT}, split=True)
+    # rows kernels again with a warp per row (several steps per pass, the row kept in
+    # registers, a last step past the row's end), then with the row re-read every pass
+    rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
+    cg.ROWS_WARP_MIN = 0
+    failures += run_all(rows, tag=" (warps)")
+    cg.ROW_REGISTERS = 0
+    failures += run_all(rows, tag=" (re-read)")
+    cg.ROWS_WARP_MIN, cg.ROW_REGISTERS = 4096, 64
     cg.VECTOR = False  # the scalar loop variant (what misaligned operands get)
     failures += run_all(
         {
@@ -730,7 +742,9 @@ SPLIT = (
 )
 
 
-def run_all(graphs: dict[str, str], narrow: bool = False, split: bool = False) -> int:
+def run_all(
+    graphs: dict[str, str], narrow: bool = False, split: bool = False, tag: str = ""
+) -> int:
     rng = np.random.default_rng(0)
     failures = 0
     for name, text in graphs.items():
@@ -766,7 +780,7 @@ def run_all(graphs: dict[str, str], narrow: bool = False, split: bool = False) -
             except AssertionError as e:
                 failures += 1
                 print(f"FAIL {name}: {e}")
-        how = " (split)" if split else ""
+        how = " (split)" if split else tag
         print(f"ok {name}{how}: {ran} kernel(s)" if ran else f"FAIL {name}: no kernel ran")
         failures += ran == 0
     return failures

@@ -201,3 +201,36 @@ def test_narrow_reductions_split_their_axis(shape, dims, split):
         for g in cg.generate_split(k):
             ptx = cg.ptx(g, (9, 0))
             assert not [ln for ln in ptx.splitlines() if re.search(r"\.f64\b", ln)]
+
+
+def test_a_rows_kernel_keeps_its_row_in_registers():
+    """An add + layer norm over 16,384 rows of 1,024 (a warp per row, four lanes, eight
+    steps a pass): the add is computed inside the rows kernel (``inline_row_producers``),
+    whose first pass loads both row operands into registers that the variance and body
+    passes read. Its PTX loads each row 8 times (one 16-byte load a step), not 8 times a
+    pass (24) as when the row does not fit ``ROW_REGISTERS``. Values: cudasim_runner's
+    ``(warps)`` and ``(re-read)`` runs, and the GPU encoder tests."""
+    text = (
+        "(input x f32 [16384 1024])\n(input y f32 [16384 1024])\n(param w f32 [1024])\n"
+        "(param b f32 [1024])\n(let r (LayerNorm (Add x y) w b [1] 1e-05))\n(output r)\n"
+    )
+    (k,) = kernels_of(text)  # one kernel: the add is not written
+    assert k.kind == "rows" and cg.row_cache(k, 32, 4) == (8, [0, 1])
+
+    def row_loads(g) -> int:
+        # the two row operands are parameters 1 and 2; count their 16-byte vector loads
+        return len(re.findall(r"ld\.global\.v4\.f32", cg.ptx(g, (9, 0))))
+
+    g = cg.generate(k)
+    old = cg.ROW_REGISTERS
+    try:
+        cg.ROW_REGISTERS = 0
+        assert cg.row_cache(k, 32, 4) is None
+        reread = cg.generate(k)
+    finally:
+        cg.ROW_REGISTERS = old
+    # kept: unrolled steps, no loop over the row; 2 operands x 8 steps (weight and bias
+    # are read per lane: scalar loads), each executed once
+    assert "while r < red" not in g.source and row_loads(g) == 2 * 8
+    # re-read: a loop over the row per pass (mean, variance, body), each loading both
+    assert reread.source.count("while r < red") == 3
