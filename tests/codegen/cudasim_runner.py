@@ -705,14 +705,17 @@ def main() -> int:
     # and columns, NaN through max, mean's division and an epilogue, integers widening
     # (few rows: the simulator runs a Python thread per GPU thread)
     failures += run_all({k: GRAPHS[k] for k in SPLIT}, split=True)
-    # rows kernels again with a warp per row (several steps per pass, the row kept in
-    # registers, a last step past the row's end), then with the row re-read every pass
+    # rows kernels again with the row kept in registers however short it is, by blocks
+    # and by a warp per row (several steps per pass, a last step past the row's end), then
+    # by warps with the row re-read every pass
     rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
+    cg.ROW_CACHE_BYTES = 0
+    failures += run_all(rows, tag=" (kept)")
     cg.ROWS_WARP_MIN = 0
     failures += run_all(rows, tag=" (warps)")
     cg.ROW_REGISTERS = 0
     failures += run_all(rows, tag=" (re-read)")
-    cg.ROWS_WARP_MIN, cg.ROW_REGISTERS = 4096, 64
+    cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = 4096, 64, 8192
     cg.VECTOR = False  # the scalar loop variant (what misaligned operands get)
     failures += run_all(
         {
