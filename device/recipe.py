@@ -133,6 +133,10 @@ class Recipe:
     def __call__(self, args: list) -> list:
         if len(args) != len(self.inputs):
             raise RuntimeError(f"saturn recipe takes {len(self.inputs)} inputs, got {len(args)}")
+        if self.runner is not None:
+            outs = self.runner.replay_fast(args)
+            if outs is not None:
+                return self._finish(outs, args, args, CallStats(launches=1, replayed=True))
         stats = CallStats()
         env: dict[str, object] = {}
         prepared = [self._input(i, t, stats) for i, t in enumerate(args)]

@@ -11,6 +11,7 @@ import torch
 
 import saturn
 from saturn import backend
+from saturn.recipe import Recipe
 
 from .blocks import WORKLOADS, make
 
@@ -85,6 +86,7 @@ def test_replay_sees_inputs_changed_in_place_and_new_addresses():
         got = fn(xd)
         torch.testing.assert_close(got.cpu(), model(xd.cpu()), rtol=1e-5, atol=1e-4)
         assert (runner.captures, runner.replays) == (captures, replays + 1)
+        assert runner.fast_replays == 1  # the same tensors: the one-pass check took it
         y = torch.randn(x.shape)
         got = fn(y.to(GPU))  # a new address: staged, captured once more
         torch.testing.assert_close(got.cpu(), model(y), rtol=1e-5, atol=1e-4)
@@ -92,6 +94,50 @@ def test_replay_sees_inputs_changed_in_place_and_new_addresses():
         got = fn(z.to(GPU))  # staged: copied in, no new capture
         torch.testing.assert_close(got.cpu(), model(z), rtol=1e-5, atol=1e-4)
         assert (runner.captures, runner.replays) == (captures + 1, replays + 3)
+        assert runner.fast_replays == 1  # staged inputs are copied in: the checked way
+
+
+def test_fast_replay_declines_every_input_but_the_captured_one(monkeypatch):
+    """The one-pass check of a replayed call takes only the captured inputs: another
+    address, dtype, shape or layout at the same address, or a host tensor goes the
+    checked way (which copies, stages or raises)."""
+    model, _ = make("mlp-8x128x512")
+    x = torch.randn(2, 24, 512)  # a shape no other test compiles: a recipe of its own
+    seen = []
+    call = Recipe.__call__
+
+    def recording(self, a):
+        seen.append(list(a))
+        return call(self, a)
+
+    monkeypatch.setattr(Recipe, "__call__", recording)
+    with torch.no_grad():
+        compiles = backend.CACHE.compiles
+        fn = compiled_on_gpu(model)
+        xd = x.to(GPU)
+        outs = [fn(xd) for _ in range(3)]  # compiled, captured, replayed
+        (recipe,) = recipes_of(compiles)
+        runner = recipe.runner
+        assert runner.fast_replays == 1
+        args = seen[-1]
+        (i,) = [k for k, a in enumerate(args) if a.data_ptr() == xd.data_ptr()]
+        wrong = {
+            "another address": xd.clone(),
+            "another dtype": xd.view(torch.int32),
+            "another shape": xd.view(2, 12, 1024),
+            "not packed": xd.as_strided(xd.shape, (24 * 512, 1, 24)),
+            "on the host": x,
+        }
+        for what, t in wrong.items():
+            assert runner.replay_fast([*args[:i], t, *args[i + 1 :]]) is None, what
+        assert runner.fast_replays == 1
+        (got,) = runner.replay_fast(args)
+        assert runner.fast_replays == 2
+        with pytest.raises(RuntimeError, match="compiled for"):
+            recipe([*args[:i], wrong["another shape"], *args[i + 1 :]])
+        want = model(x)
+        for out in [*outs, got]:
+            torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-4)
 
 
 def test_replay_off_by_option_gives_the_same_results():
