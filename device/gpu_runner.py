@@ -97,12 +97,14 @@ class GpuRunner:
         self.stream = torch.saturn.stream_handle(self.device)
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
         self.takes: dict[str, cg.TakeKernel] = {}
+        self.scatters: dict[str, cg.ScatterAddKernel] = {}
         self.concats: dict[str, cg.ConcatKernel] = {}
         self.pads: dict[str, tuple[cg.PadKernel, int]] = {}  # step -> (kernel, fill word)
-        # row takes raise a device word on an index out of range, read after every call
+        # row takes and row adds raise a device word on an index out of range, read after
+        # every call
         self.err_word: torch.Tensor | None = None
         self._err_host = np.zeros(1, dtype=np.int32)
-        self._unchecked_takes = False  # a take whose index the compiler cannot bound
+        self._unchecked_takes = False  # a take or add whose index the compiler cannot bound
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
@@ -121,6 +123,10 @@ class GpuRunner:
                         cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
                     )
                     self._unchecked_takes |= not _index_in_range(prog, s)
+                elif s.kind == "kernel" and s.kernel.kind == "scatter":
+                    base, index, _ = s.kernel.inputs
+                    self.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
+                    self._unchecked_takes = True
                 elif s.kind == "kernel" and s.kernel.kind == "concat":
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(
@@ -186,7 +192,7 @@ class GpuRunner:
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
-            if self.takes:  # (written only by a take whose index is not known in range)
+            if self.takes or self.scatters:  # written only where an index is out of range
                 self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
@@ -302,6 +308,17 @@ class GpuRunner:
                 self.stream,
                 (out.data_ptr(), table.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
                 (tuple(table.shape), tuple(table.stride())),
+                (tuple(index.shape), tuple(index.stride())),
+            )
+            return
+        if k.kind == "scatter":
+            base, index, values = ops
+            strided_copy(base, out)  # the table first (on the stream): the adds land on it
+            self.scatters[s.output].launch(
+                self.stream,
+                (out.data_ptr(), values.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
+                base.shape[0],
+                (tuple(values.shape), tuple(values.stride())),
                 (tuple(index.shape), tuple(index.stride())),
             )
             return
@@ -479,10 +496,15 @@ class GpuRunner:
         if self._err_host[0]:
             self._err_host[0] = 0
             self._check(drv.cuMemsetD32Async(word, 0, 1, self.stream), "cuMemsetD32Async")
-            raise IndexError(
-                "saturn: index out of range in a row take (embedding, index_select or "
-                "indexing along the first axis): every index must lie in [0, rows)"
-            )
+            where = []
+            if self.takes:
+                where.append(
+                    "a row take (embedding, index_select or indexing along the first "
+                    "axis: every index in [0, rows))"
+                )
+            if self.scatters:
+                where.append("a row add (index_put with accumulate: every index in [-rows, rows))")
+            raise IndexError(f"saturn: index out of range in {' or '.join(where)}")
 
     # --- outputs: lent out of the arena, copied out only when still held -----------------
 

@@ -59,8 +59,14 @@ def _pad(x, pads, value_bits):
     return torch.nn.functional.pad(x, flat, value=bits_float(value_bits))
 
 
+def _index_add(base, index, values):
+    """base with values' rows added at index's rows (PyTorch's own range check)."""
+    return base.index_put((index,), values, accumulate=True)
+
+
 ADAPTERS = {
     "Pad": _pad,
+    "IndexAdd": _index_add,
     "Take": _take,
     "Cat": lambda a, b, dim: torch.cat([a, b], dim),
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),

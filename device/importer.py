@@ -736,6 +736,47 @@ def _h_index(imp: _Importer, node: torch.fx.Node):
     return _take_rows(imp, table, index, node.name, _tensor_type(node)[1], node.name)
 
 
+def _h_index_put(imp: _Importer, node: torch.fx.Node):
+    """index_put(x, [index], values, accumulate=True) with one integer index on the first
+    axis (how an embedding's gradient is built): x viewed as rows x the rest, the index
+    flattened, values broadcast to a row per index, an IndexAdd, viewed back. Without
+    accumulate (the last write of a repeated index wins) it stays PyTorch's op."""
+    x, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if accumulate is not True or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+        return None
+    if not isinstance(values, torch.fx.Node):
+        return None
+    xn = imp.g.nodes[imp.env[x.name]]
+    inn = imp.g.nodes[imp.env[indices[0].name]]
+    vn = imp.g.nodes[imp.env[values.name]]
+    dtype, shape = _tensor_type(node)
+    if not xn.shape or inn.dtype not in ot.INDEX_DTYPES or vn.dtype != dtype:
+        return None
+    rest = tuple(xn.shape[1:])
+    full = (*inn.shape, *rest)
+    lead = len(full) - len(vn.shape)
+    if lead < 0 or any(v not in (1, f) for v, f in zip(vn.shape, full[lead:], strict=True)):
+        return None  # values that do not broadcast to a row per index
+    n, width = math.prod(inn.shape), math.prod(rest)
+    flat, rows = (xn.shape[0], width), (n, width)
+    base = xn.name
+    if tuple(xn.shape) != flat:
+        base = imp.add(Node(imp.fresh("add_table"), "View", (base,), (flat,), dtype, flat))
+    index = inn.name
+    if tuple(inn.shape) != (n,):
+        index = imp.add(Node(imp.fresh("add_index"), "View", (index,), ((n,),), inn.dtype, (n,)))
+    vals = vn.name
+    if tuple(vn.shape) != full:
+        vals = imp.add(Node(imp.fresh("add_values"), "Expand", (vals,), (full,), dtype, full))
+    if full != rows:
+        vals = imp.add(Node(imp.fresh("add_rows"), "View", (vals,), (rows,), dtype, rows))
+    if flat == tuple(shape):
+        return imp.add(Node(node.name, "IndexAdd", (base, index, vals), (), dtype, flat), node.name)
+    t = imp.add(Node(imp.fresh("index_add"), "IndexAdd", (base, index, vals), (), dtype, flat))
+    return imp.add(Node(node.name, "View", (t,), (tuple(shape),), dtype, tuple(shape)), node.name)
+
+
 def _h_flip(imp: _Importer, node: torch.fx.Node):
     """flip(x, dims): along each flipped axis of more than one element, a take of x's
     slices by the constant index n-1, ..., 0 (axis first through a permute, as
@@ -1876,6 +1917,7 @@ _HANDLERS = {
     "aten.index.Tensor": _h_index,
     "aten.embedding.default": _h_embedding,
     "aten.index_select.default": _h_index_select,
+    "aten.index_put.default": _h_index_put,
     "aten.flip.default": _h_flip,
     "aten.div.Tensor_mode": _h_div_mode,
     "aten.div.Scalar_mode": _h_div_mode,

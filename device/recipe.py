@@ -297,6 +297,8 @@ class Recipe:
             )
         elif k.kind == "gather":  # PyTorch's index_select raises IndexError out of range
             r = run_host("Take", cpu_in, (), {})
+        elif k.kind == "scatter":
+            r = run_host("IndexAdd", cpu_in, (), {})
         elif k.kind == "concat":
             r = run_host("Cat", cpu_in, (k.attrs["dim"],), {})
         elif k.kind == "pad":

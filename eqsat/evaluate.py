@@ -91,6 +91,8 @@ def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.nd
         if op in ("Conv2d", "Conv2dNoBias"):
             b = args[2] if op == "Conv2d" else None
             return conv2d(args[0], args[1], b, *attrs)
+        if row.category in (ot.GATHER, ot.SCATTER, ot.COPY) and row.numpy is not None:
+            return row.numpy(*args, *attrs)  # moves (or adds) values in their own dtype
         if op == "RMSNorm":
             x, w = args
             eps = scalar(attrs[0], dtype)
@@ -220,6 +222,8 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         )
     if k.kind == "gather":
         return ot.op("Take").numpy(operands[0], operands[1])
+    if k.kind == "scatter":
+        return ot.op("IndexAdd").numpy(*operands)
     if k.kind == "concat":
         return ot.op("Cat").numpy(operands[0], operands[1], k.attrs["dim"])
     if k.kind == "pad":

@@ -25,7 +25,7 @@ from .errors import ValidationError
 from .graph import Graph
 
 Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
-KERNELS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "PadCopy", "Custom")
+KERNELS = ot.KERNEL_KINDS
 MOVEMENT = ("View", "Permute", "Expand", "Slice")
 HOST, DEVICE = "host", "device"
 
@@ -62,6 +62,8 @@ def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
         return (kids[0][0], tyr.conv_shape(kids[0][1], kids[1][1], *en.attrs))
     if op == "Gather":
         return (kids[0][0], tyr.take_shape(kids[0][1], kids[1][1]))
+    if op == "ScatterAdd":
+        return (kids[0][0], tyr.index_add_shape(kids[0][1], kids[1][1], kids[2][1]))
     if op == "Concat":
         return (kids[0][0], tyr.cat_shape(kids[0][1], kids[1][1], en.attrs[0]))
     if op == "PadCopy":
@@ -180,6 +182,10 @@ class CostModel:
         if op == "Gather":  # reads the rows it writes and the index
             moved = 2 * nbytes(t) + nbytes(self.types[en.kids[1]])
             return m.launch_us + moved / m.device_bytes_per_us
+        if op == "ScatterAdd":  # copies the table, then reads the values and adds them
+            values = self.types[en.kids[2]]
+            moved = 2 * nbytes(t) + 2 * nbytes(values) + nbytes(self.types[en.kids[1]])
+            return 2 * m.launch_us + moved / m.device_bytes_per_us
         if op in ("Concat", "PadCopy"):  # reads (at most) what it writes
             return m.launch_us + 2 * nbytes(t) / m.device_bytes_per_us
         if op in ("Gemm", "Conv"):

@@ -110,6 +110,7 @@ CONVOLUTION = "convolution"
 NORMALIZATION = "normalization"  # composite ops that decompose (softmax, layer norm, ...)
 COPY = "copy"
 GATHER = "gather"  # rows of a table picked by an index tensor
+SCATTER = "scatter"  # rows added into a table at an index tensor's rows
 CUSTOM = "custom"
 LEAF = "leaf"
 CATEGORIES = (
@@ -121,6 +122,7 @@ CATEGORIES = (
     NORMALIZATION,
     COPY,
     GATHER,
+    SCATTER,
     CUSTOM,
     LEAF,
 )
@@ -260,6 +262,23 @@ def _take(table: np.ndarray, index: np.ndarray) -> np.ndarray:
             f"index {int(index[bad].flat[0])} is out of range for a table of {table.shape[0]} rows"
         )
     return table[index]
+
+
+def _index_add(base: np.ndarray, index: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``base`` with ``values[i, :]`` added to row ``index[i]`` for every i, in order (a
+    negative index counts from the end, as PyTorch's index_put); an index outside
+    [-rows, rows) raises IndexError, as PyTorch's does."""
+    index = np.asarray(index).astype(np.int64)
+    rows = base.shape[0]
+    bad = (index < -rows) | (index >= rows)
+    if bad.any():
+        raise IndexError(
+            f"index {int(index[bad].flat[0])} is out of range for a table of {rows} rows"
+        )
+    out = base.copy()
+    with np.errstate(all="ignore"):
+        np.add.at(out, np.where(index < 0, index + rows, index), values)
+    return out
 
 
 def _cat(a: np.ndarray, b: np.ndarray, dim: int) -> np.ndarray:
@@ -717,6 +736,19 @@ OPS: tuple[Op, ...] = (
         shape="take",
         doc="table[index] along a 2-D table's first axis; an index out of range raises",
     ),
+    # rows added into a table (index_put with accumulate: an embedding's gradient)
+    Op(
+        "IndexAdd",
+        SCATTER,
+        3,
+        (),
+        (),
+        numpy=_index_add,
+        dtypes=("i32", "i64", "f32", "f64"),
+        shape="index_add",
+        doc="base with values[i] added to row index[i] (a negative index from the end); "
+        "an index out of range raises",
+    ),
     Op(
         "Cat",
         COPY,
@@ -757,7 +789,17 @@ BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 
 # Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
 # so the schema and the consumers agree on them.
-KERNEL_KINDS = ("Loop", "Reduce", "Gemm", "Conv", "Gather", "Concat", "PadCopy", "Custom")
+KERNEL_KINDS = (
+    "Loop",
+    "Reduce",
+    "Gemm",
+    "Conv",
+    "Gather",
+    "ScatterAdd",
+    "Concat",
+    "PadCopy",
+    "Custom",
+)
 # Leaves whose values the compiler knows: made once where the program reads them (a device
 # copy made once, not a crossing per call).
 CONSTANTS = ("Scalar", "Arange")

@@ -44,7 +44,7 @@ class Stage:
 
 @dataclass
 class Kernel:
-    kind: str  # loop | reduce | rows | gemm | conv | gather | concat | pad | custom
+    kind: str  # loop | reduce | rows | gemm | conv | gather | scatter | concat | pad | custom
     output: str
     dtype: str
     shape: tuple[int, ...]
@@ -453,6 +453,8 @@ class _Lowering:
             )
         if en.op == "Gather":
             return library("gather", list(en.kids), {})
+        if en.op == "ScatterAdd":
+            return library("scatter", list(en.kids), {})
         if en.op == "Concat":
             return library("concat", list(en.kids), {"dim": en.attrs[0]})
         if en.op == "PadCopy":

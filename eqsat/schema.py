@@ -56,6 +56,8 @@ def schema_text() -> str:
         "(constructor Conv (Tensor Tensor Tensor IVec IVec IVec i64) Tensor)",
         ";; rows of a 2-D table picked by an index tensor: table, index",
         "(constructor Gather (Tensor Tensor) Tensor)",
+        ";; rows added into a copy of a table at an index (atomic adds)",
+        "(constructor ScatterAdd (Tensor Tensor Tensor) Tensor)",
         ";; a and b joined along a dim",
         "(constructor Concat (Tensor Tensor i64) Tensor)",
         ";; x padded with a constant (float bits): (before, after) per axis",

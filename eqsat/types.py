@@ -80,6 +80,20 @@ def take_shape(table: Shape, index: Shape) -> Shape:
     return (*index, table[1])
 
 
+def index_add_shape(base: Shape, index: Shape, values: Shape) -> Shape:
+    if len(base) != 2 or len(index) != 1:
+        raise ValueError(
+            f"IndexAdd adds rows into a 2-D table at a 1-D index, got {list(base)} and "
+            f"{list(index)}"
+        )
+    if tuple(values) != (index[0], base[1]):
+        raise ValueError(
+            f"IndexAdd's values must be [{index[0]}, {base[1]}] (a row per index), got "
+            f"{list(values)}"
+        )
+    return tuple(base)
+
+
 def cat_shape(a: Shape, b: Shape, dim: int) -> Shape:
     if len(a) != len(b) or not 0 <= dim < len(a):
         raise ValueError(f"cat of {list(a)} and {list(b)} along dim {dim}")
@@ -110,6 +124,12 @@ def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Take":
         if dtypes[1] not in ot.INDEX_DTYPES:
             raise ValueError(f"Take's index must be i32 or i64, got {dtypes[1]}")
+        return dtypes[0]
+    if row.name == "IndexAdd":
+        if dtypes[1] not in ot.INDEX_DTYPES:
+            raise ValueError(f"IndexAdd's index must be i32 or i64, got {dtypes[1]}")
+        if dtypes[2] != dtypes[0]:
+            raise ValueError(f"IndexAdd adds {dtypes[2]} values into a {dtypes[0]} table")
         return dtypes[0]
     if (
         row.category in (ot.ELEMENTWISE, ot.MATMUL, ot.CONVOLUTION, ot.COPY)
@@ -170,6 +190,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return conv_shape(shapes[0], shapes[1], *attrs)
     if rule == "take":
         return take_shape(shapes[0], shapes[1])
+    if rule == "index_add":
+        return index_add_shape(shapes[0], shapes[1], shapes[2])
     if rule == "cat":
         return cat_shape(shapes[0], shapes[1], attrs[0])
     if rule == "pad":

@@ -689,8 +689,51 @@ def run_pads() -> int:
     return failures
 
 
+def run_scatter_adds() -> int:
+    """Rows added into a table: float and integer dtypes, a repeated row, a negative index
+    (from the end), strided values, against numpy's add.at; an index out of range adds
+    nothing and sets the word."""
+    rng = np.random.default_rng(5)
+    failures = 0
+    for dtype, itype, transposed in [
+        (np.float32, np.int64, False),
+        (np.float64, np.int32, True),
+        (np.int64, np.int64, False),
+        (np.int32, np.int32, True),
+    ]:
+        rows, n, d = 6, 5, 3
+        table = (rng.standard_normal((rows, d)) * 20).astype(dtype)
+        vbase = (rng.standard_normal((d, n) if transposed else (n, d)) * 20).astype(dtype)
+        values = vbase.T if transposed else vbase
+        index = np.array([1, 5, 1, -1, 0], dtype=itype)
+        want = table.copy()
+        np.add.at(want, np.where(index < 0, index + rows, index), values)
+        name = np.dtype(dtype).name
+        short = {"float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32"}
+        g = cg.generate_scatter_add(short[name], short[np.dtype(itype).name])
+        fn = cuda.jit(cg.python_function(g))
+        out = table.copy().reshape(-1)
+        err = np.zeros(1, dtype=np.int32)
+        vs = [st // values.itemsize for st in values.strides]
+        fn[2, 32](out, base_of(values).copy().reshape(-1), index, err, n, d, rows, *vs, 1)
+        ok = np.allclose(out.reshape(rows, d), want, rtol=1e-6) and err[0] == 0
+        print(f"{'ok' if ok else 'FAIL'} scatter add {name} {np.dtype(itype).name} t={transposed}")
+        failures += not ok
+    g = cg.generate_scatter_add("f32", "i64")
+    fn = cuda.jit(cg.python_function(g))
+    out = np.zeros(8, dtype=np.float32)
+    err = np.zeros(1, dtype=np.int32)
+    index = np.array([1, 2, -3, 0], dtype=np.int64)  # 2 and -3 lie outside a table of 2 rows
+    fn[2, 32](out, np.ones(16, dtype=np.float32), index, err, 4, 4, 2, 4, 1, 1)
+    ok = err[0] == 1 and np.array_equal(out, np.ones(8, dtype=np.float32))
+    print(f"{'ok' if ok else 'FAIL'} scatter add out of range: word set, nothing added there")
+    failures += not ok
+    return failures
+
+
 def main() -> int:
     failures = run_halves()
+    failures += run_scatter_adds()
     failures += run_takes()
     failures += run_concats()
     failures += run_pads()

@@ -361,3 +361,111 @@ def test_pads_and_padded_pools_run_on_the_gpu_and_replay(dtype, which):
     prog = recipe.program
     assert host_ops(prog) == [] and "pad" in [k.kind for k in prog.kernels], prog.to_text()
     matches_bit_for_bit_replayed(cf, recipe, (xd,), fn(x))
+
+
+# --- rows added at an index (index_put with accumulate) ------------------------------------
+
+ADDS = {  # (function, index shape, values shape); the table is 10 x 6
+    "rows of a 2-D table": (
+        lambda t, i, v: t.index_put((i,), v, accumulate=True) * 2,
+        (7,),
+        (7, 6),
+    ),
+    "a 2-D index into a 3-D table": (
+        lambda t, i, v: t.view(10, 3, 2).index_put((i,), v, accumulate=True),
+        (2, 3),
+        (2, 3, 3, 2),
+    ),
+    "values broadcast to every row": (
+        lambda t, i, v: t.index_put((i,), v, accumulate=True) - 1,
+        (4,),
+        (6,),
+    ),
+}
+
+
+def add_inputs(ishape, vshape, dtype=torch.float32, index_dtype=torch.int64):
+    g = torch.Generator().manual_seed(5)
+    i = torch.randint(-10, 10, ishape, generator=g)  # negatives count from the end
+    i.view(-1)[:2] = torch.tensor([3, 3])  # a repeated row
+    v = torch.randn(vshape, generator=g) * 4
+    if dtype.is_floating_point:
+        v.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    return table(dtype=dtype), i.to(index_dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("name", ADDS)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_rows_added_at_an_index_are_device_kernels(name, index_dtype):
+    fn, ishape, vshape = ADDS[name]
+    compile_and_compare(fn, *add_inputs(ishape, vshape, index_dtype=index_dtype))
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    assert [k.kind for k in prog.kernels].count("scatter") == 1, prog.to_text()
+
+
+def test_integer_rows_added_are_device_kernels():
+    fn, ishape, vshape = ADDS["rows of a 2-D table"]
+    t, i, v = add_inputs(ishape, vshape, dtype=torch.int64)
+    compile_and_compare(fn, t, i, v)
+    assert "scatter" in [k.kind for k in last_compiled().compiled.program.kernels]
+
+
+DECLINED_ADDS = {  # each stays PyTorch's op
+    "without accumulate": lambda t, i, v: t.index_put((i,), v) * 2,
+    "two indices": lambda t, i, v: t.index_put((i, i.abs() % 6), v[:, 0], accumulate=True),
+    "a bfloat16 table": lambda t, i, v: t.bfloat16().index_put((i,), v.bfloat16(), True),
+}
+
+
+@pytest.mark.parametrize("name", DECLINED_ADDS)
+def test_other_index_puts_stay_the_op(name):
+    t, i, v = add_inputs((7,), (7, 6))
+    i = i.abs()  # no repeated index meets another value without accumulate: one answer
+    i.view(-1)[:2] = torch.tensor([3, 4])
+    compile_and_compare(DECLINED_ADDS[name], t, i, v)
+    prog = last_compiled().compiled.program
+    assert "scatter" not in [k.kind for k in prog.kernels], prog.to_text()
+    assert any(op in ("aten.index_put.default", "IndexAdd") for op in host_ops(prog))
+
+
+def test_a_row_add_out_of_range_raises():
+    fn, ishape, vshape = ADDS["rows of a 2-D table"]
+    t, i, v = add_inputs(ishape, vshape)
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="saturn", dynamic=False)
+    td, vd = t.to(DEV), v.to(DEV)
+    cf(td, i.to(DEV), vd)
+    for bad in (10, -11):
+        i.view(-1)[4] = bad
+        with pytest.raises(IndexError, match="out of"):
+            cf(td, i.to(DEV), vd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
+def test_row_adds_run_on_the_gpu_and_replay(dtype):
+    fn, ishape, vshape = ADDS["rows of a 2-D table"]
+    t, i, v = add_inputs(ishape, vshape, dtype=dtype)
+    td, idd, vd = t.to(GPU), i.to(GPU), v.to(GPU)
+    cf, recipe = compile_gpu(fn, td, idd, vd)
+    prog = recipe.program
+    assert host_ops(prog) == [] and [k.kind for k in prog.kernels][:1] == ["scatter"]
+    want = fn(t, i, v)
+    fb = saturn.fallback_counts()
+    for _ in range(3):  # step by step, captured, replayed
+        got = cf(td, idd, vd).cpu()
+        if dtype.is_floating_point:  # a repeated row's sum in the atomics' order
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+        else:
+            assert torch.equal(got, want)
+    assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
+    assert recipe.runner.replays >= 1
+    good = idd.clone()
+    for bad in (10, -11, 2**40):
+        idd.view(-1)[4] = bad
+        with pytest.raises(IndexError, match="row add"):
+            cf(td, idd, vd)
+    idd.copy_(good)
+    got = cf(td, idd, vd).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)

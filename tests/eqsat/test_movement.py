@@ -154,3 +154,68 @@ def test_half_pads_stay_on_the_host_of_the_reference_device():
 def test_ill_formed_pads_are_graph_errors(text, message):
     with pytest.raises(GraphError, match=message):
         parse_graph(text + "\n(output r)\n")
+
+
+ADD_TEXT = """(input table {d} [6 3])
+(input idx {i} [5])
+(input vals {d} [5 3])
+(let r (IndexAdd table idx vals))
+(output r)
+"""
+
+
+def compiled_add(dtype: str, machine: str, index: str = "i64"):
+    graph = parse_graph(ADD_TEXT.format(d=dtype, i=index))
+    return compile_graph(graph, machine=machine, io_on_device=True)
+
+
+@pytest.mark.parametrize("machine", ["cpu-reference", "gpu"], ids=["reference", "cuda"])
+@pytest.mark.parametrize("dtype", ["f32", "i64"])
+def test_rows_added_at_an_index_are_one_device_kernel(machine, dtype):
+    c = compiled_add(dtype, machine)
+    kinds = [k.kind for k in c.program.kernels]
+    assert kinds == ["scatter"] and c.program.count("host") == 0, c.program.to_text()
+    table = np.arange(18).reshape(6, 3).astype(ot.NUMPY_DTYPE[dtype])
+    vals = (np.arange(15).reshape(5, 3) * 3 - 7).astype(ot.NUMPY_DTYPE[dtype])
+    idx = np.array([1, 5, 1, -1, 0])  # a repeated row, and -1 the last row
+    (got,) = eval_program(c.program, {"table": table, "idx": idx, "vals": vals})
+    want = table.copy()
+    for i, r in enumerate(idx):
+        want[r] += vals[i]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_rows_added_keep_nan_infinities_and_negative_zero():
+    c = compiled_add("f32", "gpu")
+    table = np.array([[-0.0, 1, 2], [3, 4, 5]] * 3, dtype=np.float32)
+    vals = np.array([[-0.0, np.inf, np.nan]] * 2 + [[0.0, -np.inf, 1]] * 3, dtype=np.float32)
+    idx = np.array([0, 2, 2, 4, 1])
+    (got,) = eval_program(c.program, {"table": table, "idx": idx, "vals": vals})
+    assert np.signbit(got[0, 0]) and got[0, 0] == 0  # -0.0 + -0.0 stays -0.0
+    assert got[2, 0] == 0 and not np.signbit(got[2, 0])  # -0.0 + (-0.0) + 0.0 is +0.0
+    assert np.isnan(got[2, 1])  # +inf and -inf meet: NaN in any order
+    assert np.isnan(got[0, 2]) and got[0, 1] == np.inf and got[1, 1] == -np.inf
+
+
+def test_rows_added_decline_half_tables_and_raise_out_of_range():
+    for machine in ("gpu", "cpu-reference"):  # no atomic add kernel for half types
+        c = compiled_add("bf16", machine)
+        hosts = [s.op for s in c.program.steps if s.kind == "host"]
+        assert "IndexAdd" in hosts and not c.program.kernels, c.program.to_text()
+    c = compiled_add("f32", "cpu-reference")
+    args = {
+        "table": np.zeros((6, 3), np.float32),
+        "idx": np.array([0, 1, 6, 2, 3]),
+        "vals": np.ones((5, 3), np.float32),
+    }
+    with pytest.raises(IndexError, match="out of range"):
+        eval_program(c.program, args)
+    args["idx"] = np.array([0, 1, -7, 2, 3])
+    with pytest.raises(IndexError, match="out of range"):
+        eval_program(c.program, args)
+
+
+def test_index_add_shapes_are_checked_when_the_graph_is_read():
+    bad = ADD_TEXT.format(d="f32", i="i64").replace("vals f32 [5 3]", "vals f32 [4 3]")
+    with pytest.raises(GraphError, match="a row per index"):
+        compile_graph(parse_graph(bad), machine="gpu")
