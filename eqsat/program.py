@@ -648,17 +648,21 @@ def lower(
             low.value(view.named[name])
     outputs = []
     for r in roots:
-        v = low.value(r)
         # the caller expects device outputs; an input returned as an output already is one
         if io_on_device and place.get(r) == "host" and not low._leaf(r):
             key = ("to-dev-out", r)
             if key not in low.done_extra:
                 dtype, shape = types[r]
-                low.done_extra[key] = low.emit(
-                    Step("crossing", f"o{r}", "ToDev", (v,), dtype=dtype, shape=shape, place=DEVICE)
-                )
-            v = low.done_extra[key]
-        outputs.append(v)
+                if low._constant(r):  # made on the device once, not copied there every call
+                    kid = best[r].enode
+                    step = Step("const", f"o{r}", kid.op, (), kid.attrs, dtype, shape, DEVICE)
+                else:
+                    step = Step("crossing", f"o{r}", "ToDev", (low.value(r),), (), dtype, shape)
+                    step.place = DEVICE
+                low.done_extra[key] = low.emit(step)
+            outputs.append(low.done_extra[key])
+            continue
+        outputs.append(low.value(r))
     inputs = {n.name: low.done[view.named[n.name]] for n in graph.inputs()}
     prog = _renumber(fuse_reduce_epilogues(Program(low.steps, outputs, inputs)))
     validate(prog)

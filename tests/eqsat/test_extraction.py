@@ -92,6 +92,19 @@ def test_an_arange_is_a_device_constant():
     check_values(graph, prog)
 
 
+def test_an_arange_returned_as_an_output_is_a_device_constant():
+    """A training forward returns the position embedding's arange for the backward: with
+    outputs on the device it is made there once (a crossing per call would keep the graph
+    from being replayed)."""
+    graph, prog = program(
+        "(input x f32 [3])\n(let i (Arange 0 1 3 i64))\n(let y (Add x x))\n(output y i)\n"
+    )
+    assert crossings(prog) == [] and host_steps(prog) == [], prog.to_text()
+    consts = [s for s in prog.steps if s.kind == "const" and s.op == "Arange"]
+    assert [(c.place, c.output in prog.outputs) for c in consts] == [("device", True)]
+    check_values(graph, prog)
+
+
 def test_an_arange_on_the_host_stays_a_host_constant():
     """Read only by a host op (an op the device has no kernel for), the Arange is made on the
     host: no crossing in either direction."""
