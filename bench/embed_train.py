@@ -5,7 +5,8 @@ left to PyTorch on the host (the importer's ``index_put`` handler removed: how s
 compiled the backward before decision 0042).
 
 What is timed: wall time of forward + loss ``(y * g).sum()`` + backward plus a device
-synchronize, median of REPEATS steps after warm-up, gradients set to None before each step.
+synchronize, median of bench/train.py's REPEATS steps after warm-up, gradients set to None
+before each step.
 Eager runs in a child process that never imports saturn (CUDA autograd is not used in a
 process that imported saturn), in the same invocation, on the same GPU. saturn's gradients
 are checked against eager CPU's on the first step (relative to each gradient's largest
@@ -22,38 +23,17 @@ import sys
 from pathlib import Path
 
 import torch
-from timing import median_us  # bench/timing.py (this script's folder)
+from train import Loss, step_us  # bench/train.py (this script's folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.compile.blocks import make
 
 WORKLOADS = ("embed-8x128x768", "embed-32x512x1024")
 GPU = "saturn:1"
-REPEATS = 30
-
-
-class Loss(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, g):
-        return (self.model(x) * g).sum()
 
 
 def upstream(shape) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(1))
-
-
-def step_us(loss, x, g, sync) -> float:
-    params = list(loss.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        loss(x, g).backward()
-
-    return median_us(step, sync, REPEATS, warmup=5)
 
 
 def eager_child() -> None:
