@@ -104,7 +104,7 @@ class GpuRunner:
         # every call
         self.err_word: torch.Tensor | None = None
         self._err_host = np.zeros(1, dtype=np.int32)
-        self._unchecked_takes = False  # a take or add whose index the compiler cannot bound
+        self._unbounded_indices = False  # a take or add whose index the compiler cannot bound
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
@@ -122,11 +122,11 @@ class GpuRunner:
                     self.takes[s.output] = cg.TakeKernel(
                         cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
                     )
-                    self._unchecked_takes |= not _index_in_range(prog, s)
+                    self._unbounded_indices |= not _index_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "scatter":
                     base, index, _ = s.kernel.inputs
                     self.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
-                    self._unchecked_takes = True
+                    self._unbounded_indices = True
                 elif s.kind == "kernel" and s.kernel.kind == "concat":
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(
@@ -484,7 +484,7 @@ class GpuRunner:
         zeros there and read nothing): the error word is copied to the host after the
         call's work, which waits for it (4 bytes; programs whose takes all read constant
         indices in range skip this, and so stay asynchronous)."""
-        if not self._unchecked_takes:
+        if not self._unbounded_indices:
             return
         drv = _driver()
         word = self.err_word.data_ptr()

@@ -293,11 +293,7 @@ class _Lowering:
         if en.op in ot.CONSTANTS:
             return self.emit(Step("const", out, en.op, attrs=en.attrs, dtype=dtype, shape=shape))
         if en.op == "ToDev" and self._constant(en.kids[0]):
-            # a constant is made on the device once, not copied there on every call
-            kid = self.best[en.kids[0]].enode
-            return self.emit(
-                Step("const", out, kid.op, attrs=kid.attrs, dtype=dtype, shape=shape, place=DEVICE)
-            )
+            return self.device_constant(en.kids[0], out, dtype, shape)
         if en.op in ("ToDev", "ToHost"):
             src = self.value(en.kids[0])
             if self.io_on_device and en.op == "ToDev" and self._leaf(en.kids[0]):
@@ -379,6 +375,13 @@ class _Lowering:
 
     def _leaf(self, cid: int) -> bool:
         return any(e.op in ("Input", "Param") for e in self.view.classes[cid])
+
+    def device_constant(self, cid: int, out: str, dtype: str, shape: tuple) -> str:
+        """Constant class ``cid`` made on the device once, not copied there on every call."""
+        kid = self.best[cid].enode
+        return self.emit(
+            Step("const", out, kid.op, attrs=kid.attrs, dtype=dtype, shape=shape, place=DEVICE)
+        )
 
     def _constant(self, cid: int) -> bool:
         choice = self.best.get(cid)
@@ -653,13 +656,20 @@ def lower(
             key = ("to-dev-out", r)
             if key not in low.done_extra:
                 dtype, shape = types[r]
-                if low._constant(r):  # made on the device once, not copied there every call
-                    kid = best[r].enode
-                    step = Step("const", f"o{r}", kid.op, (), kid.attrs, dtype, shape, DEVICE)
+                if low._constant(r):
+                    low.done_extra[key] = low.device_constant(r, f"o{r}", dtype, shape)
                 else:
-                    step = Step("crossing", f"o{r}", "ToDev", (low.value(r),), (), dtype, shape)
-                    step.place = DEVICE
-                low.done_extra[key] = low.emit(step)
+                    low.done_extra[key] = low.emit(
+                        Step(
+                            "crossing",
+                            f"o{r}",
+                            "ToDev",
+                            (low.value(r),),
+                            dtype=dtype,
+                            shape=shape,
+                            place=DEVICE,
+                        )
+                    )
             outputs.append(low.done_extra[key])
             continue
         outputs.append(low.value(r))

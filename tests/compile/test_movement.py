@@ -263,7 +263,7 @@ def test_concatenations_run_on_the_gpu_and_replay(dtype):
     assert host_ops(prog) == [] and {"concat", "gather"} <= set(kinds), prog.to_text()
     matches_bit_for_bit_replayed(cf, recipe, (ad, bd), f(a, b))
     # the flip's index is a constant in range: no error word read, the call stays async
-    assert not recipe.runner._unchecked_takes
+    assert not recipe.runner._unbounded_indices
 
 
 # --- constant pads and the pools that read them -----------------------------------------
