@@ -12,7 +12,10 @@ process that imported saturn), in the same invocation, on the same GPU. saturn's
 are checked against eager CPU's on the first step (relative to each gradient's largest
 entry: repeated tokens sum in the atomics' order).
 
-    python bench/embed_train.py            (on a GPU machine)
+    python bench/embed_train.py [--profile]            (on a GPU machine)
+
+``--profile`` prints the device time of one step by kernel (CUPTI), eager's and saturn's,
+instead of the timings.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import sys
 from pathlib import Path
 
 import torch
-from train import Loss, step_us  # bench/train.py (this script's folder)
+from cupti import print_kernels  # bench/cupti.py (this script's folder)
+from train import Loss, step_us, stepper  # bench/train.py (this script's folder)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.compile.blocks import make
@@ -36,16 +40,23 @@ def upstream(shape) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(1))
 
 
-def eager_child() -> None:
+def eager_child(profile: bool) -> None:
     out = {}
     for name in WORKLOADS:
         model, x = make(name)
         g = upstream(model(x).shape)
-        out[name] = step_us(Loss(model.cuda()), x.cuda(), g.cuda(), torch.cuda.synchronize)
+        loss, x, g = Loss(model.cuda()), x.cuda(), g.cuda()
+        if profile:
+            print(f"{name}: eager")
+            print_kernels(stepper(loss, x, g), torch.cuda.synchronize)
+        else:
+            out[name] = step_us(loss, x, g, torch.cuda.synchronize)
     print(json.dumps(out))
 
 
-def saturn_step(name: str, host_adds: bool) -> tuple[float, float, int, list]:
+def saturn_step(
+    name: str, host_adds: bool, profile: bool = False
+) -> tuple[float, float, int, list]:
     import saturn  # noqa: F401
     from saturn import backend, importer
 
@@ -68,12 +79,26 @@ def saturn_step(name: str, host_adds: bool) -> tuple[float, float, int, list]:
         )
         graphs = list(backend.CACHE.items.values())[-2:]  # forward, backward
         host = sum(c.compiled.program.count("host") for c in graphs)
-        t = step_us(fn, xd, gd, lambda: torch.saturn.synchronize(GPU))
+        sync = lambda: torch.saturn.synchronize(GPU)  # noqa: E731
+        if profile:
+            print(f"{name}: saturn")
+            print_kernels(stepper(fn, xd, gd), sync)
+            return 0.0, err, host, []
+        t = step_us(fn, xd, gd, sync)
         replays = [c.recipe.runner.replays if c.recipe.runner else 0 for c in graphs]
         return t, err, host, replays
     finally:
         if kept is not None:
             handlers["aten.index_put.default"] = kept
+
+
+def profile() -> None:
+    child = subprocess.run(
+        [sys.executable, __file__, "--eager", "--profile"], capture_output=True, text=True
+    )
+    print(child.stdout.rsplit("\n", 2)[0], child.stderr[-2000:] if child.returncode else "")
+    for name in WORKLOADS:
+        saturn_step(name, host_adds=False, profile=True)
 
 
 def main() -> None:
@@ -96,6 +121,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--eager" in sys.argv[1:]:
-        eager_child()
+        eager_child("--profile" in sys.argv[1:])
+    elif "--profile" in sys.argv[1:]:
+        profile()
     else:
         main()

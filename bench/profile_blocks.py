@@ -10,13 +10,11 @@ inputs to bfloat16.
 from __future__ import annotations
 
 import copy
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from cupti import print_kernels  # bench/cupti.py (this script's folder)
 
 import saturn  # noqa: F401
 
@@ -25,30 +23,10 @@ from tests.compile.blocks import WORKLOADS, make
 
 GPU = "saturn:1"
 CALLS = 10
-TOP = 14
 
 
 def kernels(fn, x, sync) -> None:
-    for _ in range(5):
-        fn(x)
-    sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn(x)
-        sync()
-    with tempfile.TemporaryDirectory() as d:  # CUPTI's kernel records, from kineto's trace
-        prof.export_chrome_trace(f"{d}/trace.json")
-        trace = json.loads(Path(f"{d}/trace.json").read_text())
-    rows: dict[str, tuple[float, int]] = {}
-    for e in trace["traceEvents"]:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            t, n = rows.get(e["name"], (0.0, 0))
-            rows[e["name"]] = (t + float(e.get("dur", 0)), n + 1)
-    total = sum(t for t, _ in rows.values()) / CALLS
-    count = sum(n for _, n in rows.values()) / CALLS
-    print(f"    device time per call {total:9.1f} us in {count:.0f} kernels")
-    for name, (t, n) in sorted(rows.items(), key=lambda r: -r[1][0])[:TOP]:
-        print(f"    {t / CALLS:9.1f} us  x{n / CALLS:4.1f}  {name[:110]}")
+    print_kernels(lambda: fn(x), sync, CALLS)
 
 
 def main(names: list[str], tf32x3: bool = False, dtype: torch.dtype = torch.float32) -> None:

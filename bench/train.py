@@ -52,7 +52,8 @@ class Loss(torch.nn.Module):
         return (self.model(x) * g).sum()
 
 
-def step_us(loss, x, g, sync) -> float:
+def stepper(loss, x, g):
+    """One training step: gradients set to None, then forward, loss and backward."""
     params = list(loss.parameters())
 
     def step():
@@ -60,7 +61,11 @@ def step_us(loss, x, g, sync) -> float:
             p.grad = None
         loss(x, g).backward()
 
-    return median_us(step, sync, REPEATS, warmup=5)
+    return step
+
+
+def step_us(loss, x, g, sync) -> float:
+    return median_us(stepper(loss, x, g), sync, REPEATS, warmup=5)
 
 
 def eager_child() -> None:
