@@ -260,7 +260,8 @@ def narrow_head(k: Kernel, domain_names: list[str]) -> list[str]:
 
 
 def index_arithmetic(k: Kernel) -> bool:
-    """Whether a loop divides its index to read an operand (and so has a narrow variant)."""
+    """Whether a loop or reduction divides its index to read an operand (and so has a
+    narrow variant)."""
     return any(o.indexing in ("strided", *BROADCAST) for o in k.inputs)
 
 
@@ -514,10 +515,11 @@ def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str)
     ]
 
 
-def _element(k: Kernel):
+def _element(k: Kernel, narrow: bool = False):
     """``element(ind, var)``: the lines computing a reduction's value at flat index ``f``
     into ``var`` (operand reads, the body, the cast to the accumulator); and the int
-    parameters the reads use."""
+    parameters the reads use. ``narrow``: the reads' index arithmetic in 32 bits, over the
+    copies ``narrow_head`` makes."""
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
@@ -526,7 +528,7 @@ def _element(k: Kernel):
     _, ints = _operand_reads(k, "f", rank, dnames, "")
 
     def element(at: str, var: str) -> list[str]:
-        reads, _ = _operand_reads(k, "f", rank, dnames, at)
+        reads, _ = _operand_reads(k, "f", rank, dnames, at, narrow)
         return reads + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
 
     return element, ints
@@ -587,8 +589,9 @@ def _column_loop(start: str, bound: str, element, kind: str) -> list[str]:
     ]
 
 
-def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
-    """A row (warp or block per row) or column reduction kernel; returns its style too."""
+def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str]:
+    """A row (warp or block per row) or column reduction kernel; returns its style too.
+    ``narrow``: operands' index arithmetic in 32 bits (as loops, ``loop_source``)."""
     _, red, inner = reduce_layout(k)
     dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
@@ -598,13 +601,14 @@ def reduce_source(k: Kernel, fn: str) -> tuple[str, Params, str]:
         style = "row-warp" if red < ROW_WARP_LIMIT else "row-block"
     else:
         style = "column"
-    element, ints = _element(k)
+    narrow = narrow and index_arithmetic(k)
+    element, ints = _element(k, narrow)
     shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
     params = Params(
         ["out", *[f"in{i}" for i in range(len(k.inputs))]], ["outer", "red", "inner", *shape, *ints]
     )
     finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
-    lines = [f"def {fn}({params.signature()}):"]
+    lines = [f"def {fn}({params.signature()}):", *(narrow_head(k, dnames) if narrow else [])]
     if style == "row-warp":
         # one warp per row, 8 rows per block
         lines += [
@@ -661,16 +665,18 @@ def split_plan(k: Kernel, sm_count: float = 132, min_chunk: int | None = None) -
     return math.ceil(red / chunk), chunk
 
 
-def split_sources(k: Kernel, fn: str) -> tuple[str, Params, str, Params]:
+def split_sources(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str, Params]:
     """The two kernels of a split reduction: partials (grid: output tiles x chunks, writing
     ``ws[chunk * outputs + output]``) and the fold over chunks (32 outputs per block, 8
-    threads down the chunks), with their parameters."""
+    threads down the chunks), with their parameters. ``narrow``: the partials' operand
+    index arithmetic in 32 bits."""
     _, _, inner = reduce_layout(k)
     dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
     acc_type = NUMBA_TYPE[acc_t]
-    element, ints = _element(k)
+    narrow = narrow and index_arithmetic(k)
+    element, ints = _element(k, narrow)
     shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
     params = Params(
         ["ws", *[f"in{i}" for i in range(len(k.inputs))]],
@@ -678,6 +684,7 @@ def split_sources(k: Kernel, fn: str) -> tuple[str, Params, str, Params]:
     )
     lines = [
         f"def {fn}_part({params.signature()}):",
+        *(narrow_head(k, dnames) if narrow else []),
         "    lo = cuda.blockIdx.y * chunk",
         "    hi = min(lo + chunk, red)",
     ]
@@ -1015,6 +1022,52 @@ def row_copy_source(width: int, rank: int, fn: str, narrow: bool = False) -> tup
     return "\n".join(lines), Params(["out", "src"], ["nv", *dnames, *snames])
 
 
+def fill_source(width: int, fn: str) -> tuple[str, Params]:
+    """A copy from a source whose every element is its first (an expanded scalar: a zero
+    table to add rows into): the element is read once per thread and stored as 16-byte
+    vectors (``nv`` of them, from a 16-byte aligned output; 0 where it is not), then one
+    element at a time for the rest (``n`` elements). 16-byte elements move as two words."""
+    lanes = ROW_LANES.get(width, 1)
+    vals = ", ".join(["v"] * lanes)
+    lines = [
+        f"def {fn}(out, src, nv, n):",
+        "    i = cuda.grid(1)",
+        "    step = cuda.gridsize(1)",
+    ]
+    if width == 16:
+        lines += [
+            "    v0 = src[0]",
+            "    v1 = src[1]",
+            "    while i < n:",
+            "        out[2 * i] = v0",
+            "        out[2 * i + 1] = v1",
+            "        i += step",
+        ]
+        return "\n".join(lines), Params(["out", "src"], ["nv", "n"])
+    lines += ["    v = src[0]"]
+    if lanes > 1:
+        lines += [
+            "    while i < nv:",
+            f"        vstore{lanes}(out, i * {lanes}, {vals})",
+            "        i += step",
+            f"    i = nv * {lanes} + cuda.grid(1)",
+        ]
+    lines += ["    while i < n:", "        out[i] = v", "        i += step"]
+    return "\n".join(lines), Params(["out", "src"], ["nv", "n"])
+
+
+def fill_vectors(width: int, n: int, out_ptr: int) -> int:
+    """How many 16-byte vectors a fill of ``n`` elements stores (0 when the output is not
+    16-byte aligned or the width has no vector form)."""
+    lanes = ROW_LANES.get(width)
+    return n // lanes if lanes and out_ptr % 16 == 0 else 0
+
+
+def broadcast_of_one(shape, strides) -> bool:
+    """Whether every element of a view is its first (stride 0 along every axis it spans)."""
+    return all(st == 0 for s, st in zip(shape, strides, strict=True) if s > 1)
+
+
 def row_copy_fits(width: int, shape, strides, ptrs) -> bool:
     """Whether the row copy takes this source: contiguous rows of whole aligned vectors."""
     lanes = ROW_LANES.get(width)
@@ -1102,8 +1155,8 @@ class Generated:
 
 def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Generated:
     """The kernel for ``k``; loops use ``lanes``-wide vector accesses (default: as wide as
-    the operands allow), reductions ignore it; ``narrow`` loops index strided operands in
-    32-bit arithmetic."""
+    the operands allow), reductions ignore it; ``narrow`` loops and reductions divide
+    their index (strided and broadcast operands) in 32-bit arithmetic."""
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_digest(k, lanes, narrow)}"
@@ -1117,7 +1170,7 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
         body, params = loop_source(k, fn, lanes, narrow)
         style = "loop"
     elif k.kind == "reduce":
-        body, params, style = reduce_source(k, fn)
+        body, params, style = reduce_source(k, fn, narrow)
         lanes = 1
     elif k.kind == "rows":
         body, params = rows_source(k, fn, lanes)
@@ -1185,11 +1238,11 @@ def _half_head(needed: bool) -> str:
     )
 
 
-def generate_split(k: Kernel) -> tuple[Generated, Generated]:
+def generate_split(k: Kernel, narrow: bool = False) -> tuple[Generated, Generated]:
     """The partial and fold kernels of a split reduction (``split_sources``)."""
-    fn = f"split_{_digest(k)}"
+    fn = f"split_{_digest(k, *(('narrow',) if narrow else ()))}"
     _refuse_halves(k)
-    part, pparams, fold, fparams = split_sources(k, fn)
+    part, pparams, fold, fparams = split_sources(k, fn, narrow)
     halves = k.dtype in HALVES or any(o.dtype in HALVES for o in k.inputs) or _casts_to_half(k)
     head = (
         "# generated by saturn.codegen.cuda\nimport math\n\nimport numba\nimport numpy as np\n"
@@ -1245,6 +1298,18 @@ def generate_row_copy(width: int, rank: int, narrow: bool = False) -> Generated:
     src = _movement_module(body, vectors=True)
     t = COPY_TYPES[width]
     return Generated(fn, src, params, [t, t], "copy", ROW_LANES[width])
+
+
+def generate_fill(width: int) -> Generated:
+    fn = f"fill_w{width}"
+    body, params = fill_source(width, fn)
+    return Generated(
+        fn,
+        _movement_module(body, vectors=width in ROW_LANES),
+        params,
+        [COPY_TYPES[width]] * 2,
+        "copy",
+    )
 
 
 def generate_copy(width: int, rank: int, narrow: bool = False) -> Generated:
@@ -1653,7 +1718,7 @@ class CudaKernel:
             if chunks > 1:
                 self.split = (chunks, chunk, *generate_split(k))
         self._variants: dict[tuple[int, bool], tuple[Generated, object]] = {}
-        self._indexed = k.kind == "loop" and index_arithmetic(k)
+        self._indexed = k.kind in ("loop", "reduce") and index_arithmetic(k)
         self._strided = any(o.indexing == "strided" for o in k.inputs)
         # operand layout -> (strided operands readable as vectors, narrow index arithmetic)
         self._layouts: dict[tuple, tuple[bool, bool]] = {}
@@ -1755,9 +1820,12 @@ class CudaKernel:
         from cuda.core import LaunchConfig, launch
 
         chunks, chunk, part, fold = self.split
-        key = ("split", tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        layout = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
+        key = ("split", *layout)
         p = self._plans.get(key)
         if p is None:
+            if self._layout(layout)[1]:  # every index fits: the narrow partials
+                part, fold = generate_split(self.k, narrow=True)
             sizes = size_args(part, self.k, shapes, strides)
             sizes["chunk"] = chunk
             outputs = sizes["outer"] * sizes["inner"]
@@ -1788,6 +1856,25 @@ class CopyKernel:
         self._tiled: dict[int, object] = {}
         self._kernels: dict[tuple[str, bool], object] = {}  # (flat|rows, narrow), loaded once
 
+    def _fill(self, stream: int, out_ptr: int, src_ptr: int, n: int) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        kernel = self._kernels.get(("fill", False))
+        if kernel is None:
+            kernel = self._kernels[("fill", False)] = load(generate_fill(self.width), self.cc)
+        nv = fill_vectors(self.width, n, out_ptr)
+        count = nv + (n - nv * ROW_LANES.get(self.width, 1)) if nv else n
+        blocks, threads = grid_for(self.g, {"n": count})
+        launch(
+            core_stream(stream),
+            LaunchConfig(grid=blocks, block=threads),
+            kernel,
+            np.uint64(out_ptr),
+            np.uint64(src_ptr),
+            np.int64(nv),
+            np.int64(n),
+        )
+
     def _kernel(self, kind: str, narrow: bool):
         k = self._kernels.get((kind, narrow))
         if k is None:
@@ -1800,6 +1887,9 @@ class CopyKernel:
 
         n = math.prod(shape)
         if n == 0:
+            return
+        if broadcast_of_one(shape, strides):  # an expanded scalar: a fill
+            self._fill(stream, out_ptr, src_ptr, n)
             return
         a = fastest_axis(shape, strides)
         dims = [np.int64(s) for s in shape]

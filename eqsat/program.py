@@ -405,16 +405,7 @@ class _Lowering:
             leaves: list[int] = []
             body = self.expr(body_cid, leaves, fused)
             fused = [n for n in fused if n not in covers]
-            inputs = [
-                Operand(
-                    self.value(c),
-                    *self.typ(c),
-                    "strided"
-                    if self.layout.get(c) == "strided"
-                    else indexing(self.typ(c)[1], domain),
-                )
-                for c in leaves
-            ]
+            inputs = [self._operand(c, domain) for c in leaves]
             if en.op == "Loop":
                 return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers, fused)
             kind, dims, kd = en.attrs
@@ -508,6 +499,24 @@ class _Lowering:
         if en.op in MOVEMENT:
             return None
         return packed_strides(shape)
+
+    def _operand(self, c: int, domain) -> Operand:
+        """How a loop or reduction over ``domain`` reads class ``c``: at a division of its
+        flat index when its shape broadcasts to the domain (``indexing``), through strides
+        when it is a strided view. An expand of a packed value is read as that value
+        broadcast (an expanded scalar, a per-row statistic): every element of the expand
+        is the element of its source that broadcasting picks, so the values are the same,
+        and a strided read would divide the index once per axis."""
+        name = self.value(c)
+        if self.layout.get(c) != "strided":
+            return Operand(name, *self.typ(c), indexing(self.typ(c)[1], domain))
+        en = self.best[c].enode
+        if en.op == "Expand" and self.layout.get(en.kids[0]) == "packed":
+            src = en.kids[0]
+            how = indexing(self.typ(src)[1], domain)
+            if how != "strided":
+                return Operand(self.value(src), *self.typ(src), how)
+        return Operand(name, *self.typ(c), "strided")
 
     def _in_memory_order(self, leaves: list[int], inputs: list[Operand], dims, domain):
         """A reduction whose operands all lie packed in memory in one order of the domain's

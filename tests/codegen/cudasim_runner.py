@@ -108,6 +108,16 @@ GRAPHS = {
     "full_sum_long": "(input x f32 [5000])\n(let r (Sum (Mul x x) [0] 0))\n(output r)",
     "full_mean_2d": "(input x f64 [40 70])\n(let r (Mean x [0 1] 0))\n(output r)",
     "col_mean": "(input x f32 [30 9])\n(let r (Mean x [0] 0))\n(output r)",
+    # a layer norm's weight gradient as its backward sums it: an expanded scalar (read as
+    # a scalar), per-row statistics (leading), a per-column weight (trailing); columns and
+    # a full sum, and a permuted operand read through strides
+    "col_sum_broadcasts": "(input g f32 [])\n(input x f32 [3 4 6])\n(input m f32 [3 4 1])\n"
+    "(input w f32 [6])\n"
+    "(let r (Sum (Mul (Mul (Expand g [3 4 6]) (Sub x m)) w) [0 1] 0))\n(output r)",
+    "full_sum_broadcasts": "(input x f32 [5 40])\n(input m f32 [5 1])\n(input w f32 [40])\n"
+    "(let r (Sum (Mul (Sub x m) w) [0 1] 0))\n(output r)",
+    "row_sum_strided": "(input x f32 [40 5])\n(input b f32 [5 1])\n"
+    "(let r (Sum (Mul (Permute x [1 0]) b) [1] 0))\n(output r)",
     "mid_prod": "(input x f64 [3 4 5])\n(let r (Prod x [1] 0))\n(output r)",
     "int_sum_widens": "(input x i32 [6 50])\n(let r (Sum x [0 1] 0))\n(output r)",
     "bool_sum": "(input x bool [40])\n(let r (Sum x [0] 0))\n(output r)",
@@ -211,7 +221,7 @@ def run_kernel(step, arrays, narrow: bool = False):
     return out.reshape(step.shape)
 
 
-def run_split(step, arrays, chunks: int = 3):
+def run_split(step, arrays, chunks: int = 3, narrow: bool = False):
     """A reduction through the split kernels (partials per chunk, then the fold), with
     ``chunks`` chunks of the reduced axis whatever its length (the launcher splits only
     long axes of narrow reductions)."""
@@ -219,7 +229,7 @@ def run_split(step, arrays, chunks: int = 3):
     outer, red, inner = cg.reduce_layout(k)
     chunk = max(1, math.ceil(red / chunks))
     chunks = max(1, math.ceil(red / chunk))
-    part, fold = cg.generate_split(k)
+    part, fold = cg.generate_split(k, narrow)
     shapes = [a.shape for a in arrays]
     strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
     sizes = cg.size_args(part, k, shapes, strides)
@@ -305,6 +315,22 @@ def run_copies() -> int:
         ok = np.array_equal(got, np.ascontiguousarray(view))
         how = " narrow" if narrow else ""
         print(f"{'ok' if ok else 'FAIL'} copy {kind}{how} {shape} {perm} {np.dtype(dtype).name}")
+        failures += not ok
+    # expanded scalars: a fill, vectors then a tail, or element by element (no vectors:
+    # an unaligned output, bytes, 16-byte elements)
+    for dtype, n, vectors in itertools.product(
+        (np.float32, np.float16, np.int64, np.uint8, np.complex128), (37, 64), (True, False)
+    ):
+        width = np.dtype(dtype).itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}[width]
+        value = np.array([-3.5 + 2j if dtype == np.complex128 else 7], dtype=dtype)
+        g = cg.generate_fill(width)
+        out = np.zeros(n * (2 if width == 16 else 1), dtype=word)
+        nv = cg.fill_vectors(width, n, 0 if vectors else 8)
+        cuda.jit(cg.python_function(g))[2, cg.THREADS // 4](out, value.view(word), nv, n)
+        ok = np.array_equal(out.view(dtype), np.full(n, value[0], dtype=dtype))
+        ok = ok and cg.broadcast_of_one((n, 3), (0, 0)) and not cg.broadcast_of_one((2,), (1,))
+        print(f"{'ok' if ok else 'FAIL'} fill {np.dtype(dtype).name} {n} nv={nv}")
         failures += not ok
     return failures
 
@@ -742,12 +768,13 @@ def main() -> int:
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches
     # get): runs that vector steps cross (5) and do not (12), bool runs, a wrapping bias
     narrow = ("leading_strided", "permuted", "heads_permute", "channel_batch_norm")
-    more = ("channel_runs_of_12", "channel_bool", "bias_trailing")
+    more = ("channel_runs_of_12", "channel_bool", "bias_trailing", *BROADCAST_SUMS)
     failures += run_all({k: GRAPHS[k] for k in (*narrow, *more)}, True)
     # reductions again through the split kernels (partials per chunk, then a fold): rows
     # and columns, NaN through max, mean's division and an epilogue, integers widening
     # (few rows: the simulator runs a Python thread per GPU thread)
     failures += run_all({k: GRAPHS[k] for k in SPLIT}, split=True)
+    failures += run_all({k: GRAPHS[k] for k in BROADCAST_SUMS}, True, True, " (split, narrow)")
     # rows kernels again with the row kept in registers however short it is, by blocks
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
@@ -775,6 +802,7 @@ def main() -> int:
     return 1 if failures else 0
 
 
+BROADCAST_SUMS = ("col_sum_broadcasts", "full_sum_broadcasts", "row_sum_strided")
 SPLIT = (
     "reduce_apart",
     "full_sum_long",
@@ -806,7 +834,7 @@ def run_all(
             elif s.kind == "kernel":
                 operands = [env[o.value] for o in s.kernel.inputs]
                 if split and s.kernel.kind == "reduce":
-                    env[s.output] = run_split(s, operands)
+                    env[s.output] = run_split(s, operands, narrow=narrow)
                 else:
                     env[s.output] = run_kernel(s, operands, narrow)
                 ran += 1
@@ -826,7 +854,7 @@ def run_all(
             except AssertionError as e:
                 failures += 1
                 print(f"FAIL {name}: {e}")
-        how = " (split)" if split else tag
+        how = tag or (" (split)" if split else "")
         print(f"ok {name}{how}: {ran} kernel(s)" if ran else f"FAIL {name}: no kernel ran")
         failures += ran == 0
     return failures

@@ -234,3 +234,23 @@ def test_a_rows_kernel_keeps_its_row_in_registers():
     assert "while r < red" not in g.source and row_loads(g) == 2 * 8
     # re-read: a loop over the row per pass (mean, variance, body), each loading both
     assert reread.source.count("while r < red") == 3
+
+
+def test_narrow_reductions_divide_in_32_bits():
+    """A reduction reading broadcast operands (a layer norm's weight gradient: an expanded
+    scalar, per-row statistics, a per-column weight) divides its index per element: 64-bit
+    divisions in the wide variant, 32-bit ones in the narrow variant, whole and split. The
+    expand is read as the scalar it broadcasts, not through strides."""
+    (k,) = kernels_of(
+        "(input g f32 [])\n(input x f32 [64 32 16])\n(input m f32 [64 32 1])\n"
+        "(input w f32 [16])\n"
+        "(let r (Sum (Mul (Mul (Expand g [64 32 16]) (Sub x m)) w) [0 1 2] 0))\n(output r)\n"
+    )
+    assert sorted(o.indexing for o in k.inputs) == ["leading", "same", "scalar", "trailing"]
+    wide, narrow = (cg.ptx(cg.generate(k, narrow=n), (9, 0)) for n in (False, True))
+    split_wide, split_narrow = (
+        cg.ptx(cg.generate_split(k, narrow=n)[0], (9, 0)) for n in (False, True)
+    )
+    for w, n in ((wide, narrow), (split_wide, split_narrow)):
+        assert re.search(r"\b(div|rem)\.s64\b", w)  # the check below can fail
+        assert not re.search(r"\b(div|rem)\.s64\b", n) and re.search(r"\bdiv\.u32\b", n)

@@ -342,6 +342,27 @@ def test_copy_kernel_through_contiguous(dtype, rank):
     assert torch.equal(y.cpu(), x.permute(*perm).contiguous())
 
 
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.float16, torch.float32, torch.int64, torch.complex128]
+)
+@pytest.mark.parametrize("shape", [(1001, 37), (4, 64)])
+def test_expanded_scalars_copy_as_fills(monkeypatch, dtype, shape):
+    """A copy of an expanded scalar (every stride 0) is a fill: the element read once per
+    thread, 16-byte stores where the width allows, the tail one element at a time."""
+    fills = []
+    real = cg.CopyKernel._fill
+
+    def spy(self, *args):
+        fills.append(args[-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(cg.CopyKernel, "_fill", spy)
+    value = torch.tensor(-3.5 + 2j if dtype == torch.complex128 else 7).to(dtype)
+    y = value.to(GPU).expand(*shape).contiguous()
+    assert fills == [shape[0] * shape[1]]
+    assert torch.equal(y.cpu(), value.expand(*shape).contiguous())
+
+
 def test_compiled_pointwise_and_reduction_graph_on_the_gpu():
     torch._dynamo.reset()
     x = torch.randn(257, 1031)
