@@ -90,6 +90,33 @@ def transformer_encoder_layer_fwd(
     return ln2(x + feed_forward(x))
 
 
+def embedding_dense_backward(
+    grad_output, indices, num_weights: int, padding_idx: int, scale_grad_by_freq: bool
+):
+    """An embedding's weight gradient with the token ids clamped into the table and the
+    rows of ids outside it (and of ``padding_idx``) zeroed, as newer PyTorch releases
+    decompose it (older ones add rows at the raw ids): every index of the row add then
+    provably lies in the table, so a compiled backward needs no bounds check read back
+    after the call (eqsat/ranges.py). The values are the same wherever every id is in
+    range, which the forward's take has checked for the same ids."""
+    if scale_grad_by_freq:
+        return NotImplemented
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    compute, result = elementwise_dtypes(
+        grad_output, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    )
+    grad_output = grad_output.to(compute)
+    indices = indices.long()
+    keep = (indices >= 0) & (indices < num_weights) & (indices != padding_idx)
+    keep = keep.reshape(*keep.shape, *([1] * (grad_output.dim() - keep.dim())))
+    rows = indices.clamp(-num_weights, num_weights - 1)
+    grad_weight = grad_output.new_zeros((num_weights, *grad_output.shape[indices.dim() :]))
+    values = grad_output.masked_fill(~keep, 0)
+    out = torch.ops.aten._unsafe_index_put(grad_weight, [rows], values, accumulate=True)
+    return out.to(result)
+
+
 def table() -> dict:
     keep = kept_whole()
     out = {
@@ -98,4 +125,5 @@ def table() -> dict:
         if isinstance(op, torch._ops.OpOverload) and str(op) not in keep
     }
     out[torch.ops.aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
+    out[torch.ops.aten.embedding_dense_backward.default] = embedding_dense_backward
     return out

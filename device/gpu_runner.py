@@ -47,6 +47,7 @@ from saturn.eqsat.graph import bits_float
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Step
+from saturn.eqsat.ranges import indices_in_range
 
 from .eager_kernels import byte_span, strided_copy
 from .eager_kernels import cuda_driver as _driver
@@ -68,18 +69,6 @@ def fill_word(value_bits: int, dtype: str) -> int:
 
 def layout(t: torch.Tensor) -> Layout:
     return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
-
-
-def _index_in_range(prog, s: Step) -> bool:
-    """The take's index is a constant ``Arange`` whose every value lies in [0, rows): it
-    cannot set the error word (a flip's reversed index, for one)."""
-    idx = next((st for st in prog.steps if st.output == s.args[1]), None)
-    if idx is None or idx.kind != "const" or idx.op != "Arange":
-        return False
-    start, step, n, _ = idx.attrs
-    rows = s.kernel.inputs[0].shape[0]
-    ends = (start, start + step * max(n - 1, 0))
-    return n == 0 or (min(ends) >= 0 and max(ends) < rows)
 
 
 class GpuRunner:
@@ -122,11 +111,11 @@ class GpuRunner:
                     self.takes[s.output] = cg.TakeKernel(
                         cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
                     )
-                    self._unbounded_indices |= not _index_in_range(prog, s)
+                    self._unbounded_indices |= not indices_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "scatter":
                     base, index, _ = s.kernel.inputs
                     self.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
-                    self._unbounded_indices = True
+                    self._unbounded_indices |= not indices_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "concat":
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(

@@ -442,6 +442,41 @@ def test_a_row_add_out_of_range_raises():
             cf(td, i.to(DEV), vd)
 
 
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_an_embedding_gradient_adds_rows_at_ids_clamped_into_the_table(padding_idx):
+    """saturn's decomposition of an embedding's backward (decompositions.py) clamps the ids
+    into the table and zeroes the rows of ids outside it and of the padding id: the row
+    add's index is then provably in range (no bounds check read back after the call), and
+    the gradient is eager's, the padding row's included."""
+    from saturn.eqsat.ranges import indices_in_range
+
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(10, 6, padding_idx=padding_idx)
+    dev = torch.nn.Embedding(10, 6, padding_idx=padding_idx).to(DEV)
+    dev.load_state_dict(ref.state_dict())
+    ids = torch.tensor([[3, 3, 9], [0, 5, 3]])  # a repeated id, the padding id, the last row
+    g = torch.randn(2, 3, 6)
+    (ref(ids) * g).sum().backward()
+    torch._dynamo.reset()
+    fn = torch.compile(dev, backend="saturn", dynamic=False)
+    (fn(ids.to(DEV)) * g.to(DEV)).sum().backward()
+    torch.testing.assert_close(dev.weight.grad.cpu(), ref.weight.grad, rtol=1e-5, atol=1e-6)
+    # the table's entry is saturn's, and as PyTorch's own op on the CPU
+    from saturn import decompositions
+
+    op = torch.ops.aten.embedding_dense_backward.default
+    assert decompositions.table()[op] is decompositions.embedding_dense_backward
+    pad = -1 if padding_idx is None else padding_idx
+    torch.testing.assert_close(
+        decompositions.embedding_dense_backward(g, ids, 10, pad, False), op(g, ids, 10, pad, False)
+    )
+    if padding_idx is not None:
+        assert not dev.weight.grad[padding_idx].cpu().any()
+    prog = list(backend.CACHE.items.values())[-1].compiled.program
+    adds = [s for s in prog.steps if s.kind == "kernel" and s.kernel.kind == "scatter"]
+    assert len(adds) == 1 and indices_in_range(prog, adds[0]), prog.to_text()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
 def test_row_adds_run_on_the_gpu_and_replay(dtype):

@@ -1,0 +1,120 @@
+"""Bounds on the values of a lowered program's integer tensors, so that a row take or a row
+add whose index provably stays in range needs no bounds check read back after the call.
+
+An embedding's backward clamps its token ids into the table before adding rows
+(``clamp(ids, -rows, rows - 1)``); a flip takes rows at a reversed ``Arange``. Bounds are
+intervals worked out from how the program makes a value: a constant or an ``Arange``
+exactly; a view (reshape, expand, slice, permute) holds a subset of its source's values;
+a loop's body is evaluated over intervals (its operands' bounds, constants, ``minimum``,
+``maximum``, ``where``, ``add``, ``sub``, ``neg``); anything else is unbounded. Only integer values
+are bounded, and an arithmetic result only while it stays within the range of the
+narrowest integer type the loop reads or writes (so no step can wrap around) and within
+2^53 (exact as a float): an interval is never narrower than the values it describes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import optable as ot
+from .graph import bits_float
+from .program import Program, Step
+
+Interval = tuple[float, float]
+UNBOUNDED: Interval = (-math.inf, math.inf)
+EXACT = 2.0**53  # larger bounds are not kept (float rounding)
+VIEWS = ("View", "Expand", "Slice", "Permute")
+
+
+def _limits(dtype: str) -> Interval:
+    info = np.iinfo(ot.NUMPY_DTYPE[dtype])
+    return (max(float(info.min), -EXACT), min(float(info.max), EXACT))
+
+
+def _within(iv: Interval, limits: Interval) -> Interval:
+    """``iv`` where no value of it can have wrapped around, else unbounded."""
+    lo, hi = iv
+    return iv if lo > hi or (limits[0] <= lo and hi <= limits[1]) else UNBOUNDED
+
+
+def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
+    op = e[0]
+    if op == "in":
+        return operands[e[1]]
+    if op == "const":
+        if e[2] not in ot.INTS:
+            return UNBOUNDED
+        v = bits_float(e[1])
+        return (v, v) if math.isfinite(v) else UNBOUNDED
+    kids = [_body(k, operands, limits) for k in e[1:] if isinstance(k, tuple)]
+    if op == "minimum" and len(kids) == 2:
+        (a, b), (c, d) = kids
+        return (min(a, c), min(b, d))
+    if op == "maximum" and len(kids) == 2:
+        (a, b), (c, d) = kids
+        return (max(a, c), max(b, d))
+    if op == "add" and len(kids) == 2:
+        (a, b), (c, d) = kids
+        return _within((a + c, b + d), limits)
+    if op == "sub" and len(kids) == 2:
+        (a, b), (c, d) = kids
+        return _within((a - d, b - c), limits)
+    if op == "where" and len(kids) == 3:  # either branch's values
+        (a, b), (c, d) = kids[1], kids[2]
+        return (min(a, c), max(b, d))
+    if op == "neg" and len(kids) == 1:
+        (a, b) = kids[0]
+        return _within((-b, -a), limits)
+    return UNBOUNDED
+
+
+def value_bounds(prog: Program, name: str) -> Interval:
+    """An interval holding every element of value ``name`` (UNBOUNDED where unknown)."""
+    steps = {s.output: s for s in prog.steps}
+    memo: dict[str, Interval] = {}
+
+    def go(v: str) -> Interval:
+        if v in memo:
+            return memo[v]
+        memo[v] = UNBOUNDED  # a cycle (there is none in a valid program) stays unbounded
+        s = steps.get(v)
+        ok = s is not None and s.dtype in ot.INTS
+        memo[v] = _within(_step(s), _limits(s.dtype)) if ok else UNBOUNDED
+        return memo[v]
+
+    def _step(s: Step) -> Interval:
+        if s.kind == "const" and s.op == "Arange":
+            start, step, n, _ = s.attrs
+            ends = (start, start + step * max(n - 1, 0))
+            return (min(ends), max(ends)) if n else (math.inf, -math.inf)  # no values
+        if s.kind == "const" and s.op == "Scalar":
+            v = bits_float(s.attrs[0])
+            return (v, v) if math.isfinite(v) else UNBOUNDED
+        if s.kind == "view" and s.op in VIEWS:
+            return go(s.args[0])
+        k = s.kernel
+        if s.kind == "kernel" and k is not None and k.kind == "loop":
+            dtypes = [s.dtype, *(o.dtype for o in k.inputs)]
+            if any(d not in ot.INTS and d != "bool" for d in dtypes):
+                return UNBOUNDED  # a float or a cast along the way: not followed
+            widths = [_limits(d) for d in dtypes if d in ot.INTS]
+            limits = (max(w[0] for w in widths), min(w[1] for w in widths))
+            return _body(k.body, [go(o.value) for o in k.inputs], limits)
+        return UNBOUNDED
+
+    return go(name)
+
+
+def indices_in_range(prog: Program, s: Step) -> bool:
+    """Whether a row take (``gather``: rows [0, rows)) or row add (``scatter``: negative
+    rows wrap, [-rows, rows)) cannot meet an index out of range, so its error word cannot
+    be set."""
+    k = s.kernel
+    if k is None or k.kind not in ("gather", "scatter"):
+        return False
+    rows = k.inputs[0].shape[0] if k.inputs[0].shape else 0
+    lo, hi = value_bounds(prog, k.inputs[1].value)
+    least = 0 if k.kind == "gather" else -rows
+    return least <= lo and hi < rows
