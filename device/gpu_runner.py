@@ -86,6 +86,7 @@ class GpuRunner:
         self.stream = torch.saturn.stream_handle(self.device)
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
         self.takes: dict[str, cg.TakeKernel] = {}
+        self.fused_takes = 0  # rows kernels that read a take's rows themselves
         self.scatters: dict[str, cg.ScatterAddKernel] = {}
         self.concats: dict[str, cg.ConcatKernel] = {}
         self.pads: dict[str, tuple[cg.PadKernel, int]] = {}  # step -> (kernel, fill word)
@@ -99,6 +100,9 @@ class GpuRunner:
             for s in prog.steps:
                 if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce", "rows"):
                     self.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
+                    if "take" in s.kernel.attrs:  # a row take read inside (fuse_row_takes)
+                        self.fused_takes += 1
+                        self._unbounded_indices |= not indices_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "custom":
                     from .custom_ops import resolve
 
@@ -181,7 +185,7 @@ class GpuRunner:
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
-            if self.takes or self.scatters:  # written only where an index is out of range
+            if self.takes or self.fused_takes or self.scatters:  # set on an index out of range
                 self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
@@ -289,6 +293,7 @@ class GpuRunner:
                 [tuple(t.shape) for t in ops],
                 [tuple(t.stride()) for t in ops],
                 workspace=lambda n: self._kernel_workspace(s.output, n),
+                err_ptr=self.err_word.data_ptr() if "take" in k.attrs else None,
             )
             return
         if k.kind == "gather":
@@ -486,7 +491,7 @@ class GpuRunner:
             self._err_host[0] = 0
             self._check(drv.cuMemsetD32Async(word, 0, 1, self.stream), "cuMemsetD32Async")
             where = []
-            if self.takes:
+            if self.takes or self.fused_takes:
                 where.append(
                     "a row take (embedding, index_select or indexing along the first "
                     "axis: every index in [0, rows))"

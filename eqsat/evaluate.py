@@ -176,6 +176,10 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
 def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
     k = s.kernel
     if k.kind == "rows":  # each stage a last-axis reduction, then the body
+        if "take" in k.attrs:  # a fused take (fuse_row_takes): the taken rows, as a gather
+            t, x = k.attrs["take"]
+            operands = list(operands)
+            operands[t] = ot.op("Take").numpy(operands[t], operands[x])
         stages = []
         last = [len(k.domain) - 1]
         for st in k.stages:

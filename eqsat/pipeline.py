@@ -12,7 +12,14 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
-from .program import Program, fuse_rows, inline_row_producers, lower, reuse_written
+from .program import (
+    Program,
+    fuse_row_takes,
+    fuse_rows,
+    inline_row_producers,
+    lower,
+    reuse_written,
+)
 from .schema import half_facts
 
 
@@ -50,7 +57,7 @@ def compile_graph(
     # 4. lower: kernel descriptions, host steps and crossings, validated
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
-        program = inline_row_producers(fuse_rows(reuse_written(program)))
+        program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
     return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))
 
 

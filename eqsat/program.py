@@ -26,7 +26,9 @@ class Operand:
     value: str
     dtype: str
     shape: tuple[int, ...]
-    indexing: str  # same | scalar | trailing | leading | middle | strided (see indexing())
+    # same | scalar | trailing | leading | middle | strided (see indexing()); a rows kernel
+    # with a fused take (fuse_row_takes) also: table | rowindex
+    indexing: str
 
 
 @dataclass
@@ -1043,6 +1045,74 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
     k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
     s.args = tuple(o.value for o in operands)
     return {p.output for p in inlined}
+
+
+def fuse_row_takes(prog: Program) -> Program:
+    """A row take (an embedding's token rows) read by one rows kernel alone is read inside
+    it: the rows kernel reads row ``index[row]`` of the table where it read the taken
+    tensor, so the taken rows never go through memory and the take's launch is gone.
+    The operand becomes the table (indexing ``table``) and the index joins as an operand
+    read once per row (``rowindex``); ``attrs["take"]`` names both slots. An index out of
+    range reads nothing: the row's values are zeros and the kernel sets the error word,
+    as the take kernel does. Moves bits exactly as the take would have (both zeros,
+    infinities and NaN payloads), so the rows kernel computes what it computed before.
+    Only where the table and the index are packed (not views: a view's layout is known
+    only at the call), the table has the row's length and the index one entry per row.
+    GPU programs (after ``inline_row_producers``); one take per rows kernel."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    outputs = set(prog.outputs)
+    by_output = {s.output: s for s in prog.steps}
+    gone: set[str] = set()
+    for s in prog.steps:
+        k = s.kernel
+        if k is None or k.kind != "rows" or "take" in k.attrs or not k.domain:
+            continue
+        for i, o in enumerate(k.inputs):
+            p = by_output.get(o.value)
+            if o.indexing != "same" or p is None or not _fusable_take(p, k, by_output):
+                continue
+            if o.value in outputs or users.get(o.value) != {s.output}:
+                continue
+            table, index = p.kernel.inputs
+            k.inputs[i] = Operand(table.value, table.dtype, tuple(table.shape), "table")
+            k.inputs.append(Operand(index.value, index.dtype, tuple(index.shape), "rowindex"))
+            k.attrs = {**k.attrs, "take": (i, len(k.inputs) - 1)}
+            k.fused = [*k.fused, *p.kernel.covers, *p.kernel.fused]
+            s.args = tuple(dict.fromkeys(op.value for op in k.inputs))
+            gone.add(p.output)
+            break
+    if not gone:
+        return prog
+    out = _renumber(
+        Program([s for s in prog.steps if s.output not in gone], prog.outputs, prog.inputs)
+    )
+    validate(out)
+    return out
+
+
+def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
+    """Whether gather step ``p`` can be read inside rows kernel ``k`` (``fuse_row_takes``)."""
+    pk = p.kernel
+    if pk is None or pk.kind != "gather":
+        return False
+    table, index = pk.inputs
+    dom = tuple(k.domain)
+    made = ("input", "kernel", "crossing", "const")  # packed, unlike a view
+    packed = all(
+        by_output.get(v) is not None and by_output[v].kind in made
+        for v in (table.value, index.value)
+    )
+    return (
+        packed
+        and table.dtype in ROW_FLOATS  # what the rows kernel's zero rows are typed as
+        and len(table.shape) == 2
+        and table.shape[1] == dom[-1]
+        and math.prod(index.shape) == math.prod(dom[:-1])
+        and tuple(pk.shape) == dom
+    )
 
 
 def _renumber(prog: Program) -> Program:

@@ -108,10 +108,14 @@ def value_bounds(prog: Program, name: str) -> Interval:
 
 
 def indices_in_range(prog: Program, s: Step) -> bool:
-    """Whether a row take (``gather``: rows [0, rows)) or row add (``scatter``: negative
-    rows wrap, [-rows, rows)) cannot meet an index out of range, so its error word cannot
-    be set."""
+    """Whether a row take (``gather``, or a rows kernel reading one: rows [0, rows)) or row
+    add (``scatter``: negative rows wrap, [-rows, rows)) cannot meet an index out of
+    range, so its error word cannot be set."""
     k = s.kernel
+    if k is not None and k.kind == "rows" and "take" in k.attrs:  # fuse_row_takes
+        table, index = (k.inputs[i] for i in k.attrs["take"])
+        lo, hi = value_bounds(prog, index.value)
+        return 0 <= lo and hi < table.shape[0]
     if k is None or k.kind not in ("gather", "scatter"):
         return False
     rows = k.inputs[0].shape[0] if k.inputs[0].shape else 0

@@ -146,6 +146,10 @@ GRAPHS = {
     "rows_add_layer_norm": "(input x f32 [4 90])\n(input y f32 [90 4])\n(param w f32 [90])\n"
     "(param b f32 [90])\n(let r (LayerNorm (Add x (Permute y [1 0])) w b [1] 1e-05))\n"
     "(output r)",
+    # an embedding block's sum: position rows repeated over the batch (trailing rows)
+    "rows_add_position_layer_norm": "(input x f32 [3 4 72])\n(input p f32 [4 72])\n"
+    "(param w f32 [72])\n(param b f32 [72])\n"
+    "(let r (LayerNorm (Add x p) w b [2] 1e-05))\n(output r)",
     # log1p of |x| (Python's math.log1p, which the simulator runs, raises below -1),
     # expm1 and atan2 with NaN, infinities and both zeros
     # sin and cos (of tanh: Python's math.sin, which the simulator runs, raises for inf)
@@ -197,7 +201,7 @@ def rand(rng, shape, dtype):
     return x.astype(ev.np_dtype(dtype))
 
 
-def run_kernel(step, arrays, narrow: bool = False):
+def run_kernel(step, arrays, narrow: bool = False, err: np.ndarray | None = None):
     k = step.kernel
     shapes = [a.shape for a in arrays]
     strides = [tuple(s // a.itemsize for s in a.strides) for a in arrays]
@@ -217,6 +221,8 @@ def run_kernel(step, arrays, narrow: bool = False):
         # (a copy of the span: the simulator writes operands back, and a broadcast
         # constant's view is read-only)
         flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy())
+    if "err" in g.params.pointers:  # a fused take's error word
+        flats.append(err if err is not None else np.zeros(1, dtype=np.int32))
     fn[blocks, threads](out, *flats, *[sizes[n] for n in g.params.ints])
     return out.reshape(step.shape)
 
@@ -643,6 +649,79 @@ def run_takes() -> int:
     return failures
 
 
+FUSED_TAKES = {  # a rows kernel reading a take's rows itself (fuse_row_takes)
+    # an embedding block: token rows plus position rows, then layer norm (4 lanes)
+    "embed_layer_norm": "(input t f32 [11 72])\n(input ids i64 [3 4])\n(input p f32 [4 72])\n"
+    "(param w f32 [72])\n(param b f32 [72])\n"
+    "(let r (LayerNorm (Add (Take t ids) p) w b [2] 1e-05))\n(output r)",
+    # a softmax of taken rows of 70 (scalar reads), int32 ids; float64, a block per row
+    "take_softmax": "(input t f32 [9 70])\n(input ids i32 [6])\n"
+    "(let r (Softmax (Take t ids) 1))\n(output r)",
+    "take_softmax_f64": "(input t f64 [5 1030])\n(input ids i64 [2])\n"
+    "(let r (Softmax (Take t ids) 1))\n(output r)",
+}
+
+
+def run_fused_takes() -> int:
+    """Rows kernels with a fused take, in every rows form (as compiled, kept, by warps,
+    re-read): each program is one rows kernel, equal to numpy's take then the rows
+    function; then ids out of range (-1 and rows): the error word is set and the other
+    rows are still right."""
+    rng = np.random.default_rng(5)
+    failures = 0
+    forms = {"": (4096, 64, 8192), " (kept)": (4096, 64, 0), " (warps)": (0, 64, 0)}
+    forms[" (re-read)"] = (0, 0, 0)
+    for name, text in FUSED_TAKES.items():
+        graph = parse_graph(text + "\n", name)
+        prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+        steps = [s for s in prog.steps if s.kind == "kernel"]
+        if len(steps) != 1 or "take" not in steps[0].kernel.attrs:
+            print(f"FAIL fused take {name}: kernels {[s.kernel.kind for s in steps]}")
+            failures += 1
+            continue
+        (step,) = steps
+        rows = next(n.shape[0] for n in graph.inputs() if n.name == "t")
+        inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
+        ids = inputs["ids"]
+        ids[...] = rng.integers(0, rows, size=ids.shape)
+        want = ev.eval_graph(graph, inputs)[0]
+        by_input = {v: k for k, v in prog.inputs.items()}
+        for tag, (warp_min, registers, cache_bytes) in forms.items():
+            cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = (
+                warp_min,
+                registers,
+                cache_bytes,
+            )
+            env = {s.output: inputs[by_input[s.output]] for s in prog.steps if s.kind == "input"}
+            for s in prog.steps:
+                if s.kind == "view":
+                    env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+            err = np.zeros(1, dtype=np.int32)
+            got = run_kernel(step, [env[o.value] for o in step.kernel.inputs], err=err)
+            ok = err[0] == 0 and np.allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+            print(f"{'ok' if ok else 'FAIL'} fused take {name}{tag}")
+            failures += not ok
+        cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = 4096, 64, 8192
+        # ids out of range: the word is set, rows of valid ids unchanged
+        bad = ids.copy().reshape(-1)
+        bad[0], bad[-1] = -1, rows
+        env = {s.output: inputs[by_input[s.output]] for s in prog.steps if s.kind == "input"}
+        env[prog.inputs["ids"]] = bad.reshape(ids.shape)
+        for s in prog.steps:
+            if s.kind == "view":
+                env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+        err = np.zeros(1, dtype=np.int32)
+        got = run_kernel(step, [env[o.value] for o in step.kernel.inputs], err=err)
+        width = got.shape[-1]
+        inner = got.reshape(-1, width)[1:-1]
+        ok = err[0] == 1 and np.allclose(
+            inner, want.reshape(-1, width)[1:-1], rtol=1e-5, atol=1e-6, equal_nan=True
+        )
+        print(f"{'ok' if ok else 'FAIL'} fused take {name} out of range: word set")
+        failures += not ok
+    return failures
+
+
 def run_concats() -> int:
     """Two-operand concatenations along each axis: packed, transposed and broadcast
     (stride-0) operands of each element width, against numpy's concatenate."""
@@ -757,14 +836,21 @@ def run_scatter_adds() -> int:
     return failures
 
 
-def main() -> int:
+def run_movement() -> int:
+    """Half-precision loops and reductions, and the movement kernels."""
     failures = run_halves()
     failures += run_scatter_adds()
     failures += run_takes()
+    failures += run_fused_takes()
     failures += run_concats()
     failures += run_pads()
     failures += run_copies()
-    failures += run_all(GRAPHS)
+    return failures
+
+
+def run_graphs() -> int:
+    """Every graph, then again through 32-bit index arithmetic and split reductions."""
+    failures = run_all(GRAPHS)
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches
     # get): runs that vector steps cross (5) and do not (12), bool runs, a wrapping bias
     narrow = ("leading_strided", "permuted", "heads_permute", "channel_batch_norm")
@@ -775,12 +861,17 @@ def main() -> int:
     # (few rows: the simulator runs a Python thread per GPU thread)
     failures += run_all({k: GRAPHS[k] for k in SPLIT}, split=True)
     failures += run_all({k: GRAPHS[k] for k in BROADCAST_SUMS}, True, True, " (split, narrow)")
+    return failures
+
+
+def run_variants() -> int:
+    """Rows kernels in their other forms, and the scalar loop variant."""
     # rows kernels again with the row kept in registers however short it is, by blocks
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
     rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
     cg.ROW_CACHE_BYTES = 0
-    failures += run_all(rows, tag=" (kept)")
+    failures = run_all(rows, tag=" (kept)")
     cg.ROWS_WARP_MIN = 0
     failures += run_all(rows, tag=" (warps)")
     cg.ROW_REGISTERS = 0
@@ -799,6 +890,16 @@ def main() -> int:
             and "Prod" not in v
         }
     )
+    return failures
+
+
+SECTIONS = {"movement": run_movement, "graphs": run_graphs, "variants": run_variants}
+
+
+def main(names: list[str]) -> int:
+    """Run the named sections (all of them without names): each test runs one, in a
+    process of its own, so that none comes near its time limit."""
+    failures = sum(SECTIONS[n]() for n in names or SECTIONS)
     return 1 if failures else 0
 
 
@@ -861,4 +962,4 @@ def run_all(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -179,6 +179,37 @@ def test_an_index_out_of_range_raises_on_the_gpu_under_replay():
     torch.testing.assert_close(cf(td, bad_in).cpu(), f(t, good), equal_nan=True)
 
 
+@pytest.mark.gpu
+def test_a_take_read_inside_a_layer_norm_matches_and_raises_under_replay():
+    """Token rows taken inside the layer norm's rows kernel (``fuse_row_takes``): equal to
+    eager CPU at 1e-5 over three calls (step by step, captured, replayed), then ids out of
+    range raise through the replayed graph, and good ids work again after."""
+    t = torch.randn(50, 64, generator=torch.Generator().manual_seed(3))
+    w, b = torch.randn(64), torch.randn(64)
+
+    def f(t, i, w, b):
+        return torch.nn.functional.layer_norm(torch.nn.functional.embedding(i, t), (64,), w, b)
+
+    good = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(4))
+    args = [t.to(GPU), good.to(GPU), w.to(GPU), b.to(GPU)]
+    cf, recipe = compile_gpu(f, *args)
+    prog = recipe.program
+    kinds = [k.kind for k in prog.kernels]
+    assert host_ops(prog) == [] and kinds == ["rows"], prog.to_text()
+    assert recipe.runner.fused_takes == 1 and recipe.runner._unbounded_indices
+    fb = saturn.fallback_counts()
+    want = f(t, good, w, b)
+    for _ in range(3):
+        torch.testing.assert_close(cf(*args).cpu(), want, rtol=1e-5, atol=1e-5)
+    assert recipe.runner.replays >= 1 and saturn.fallback_counts() == fb
+    for bad in (50, -1, 2**40):
+        args[1].copy_(good.masked_fill(good == good[1, 2], bad))
+        with pytest.raises(IndexError, match="out of range in a row take"):
+            cf(*args)
+    args[1].copy_(good)
+    torch.testing.assert_close(cf(*args).cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 FLIPS = {  # (function, shape); axes of one element do not move
     "last axis": (lambda x: x.flip(-1) * 2, (3, 5)),
     "first axis": (lambda x: x.flip(0) + 1, (4, 3, 2)),

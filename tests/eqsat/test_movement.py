@@ -219,3 +219,71 @@ def test_index_add_shapes_are_checked_when_the_graph_is_read():
     bad = ADD_TEXT.format(d="f32", i="i64").replace("vals f32 [5 3]", "vals f32 [4 3]")
     with pytest.raises(GraphError, match="a row per index"):
         compile_graph(parse_graph(bad), machine="gpu")
+
+
+EMBED = """(input table {d} [10 8])
+(input idx i64 [2 3])
+(input pos f32 [3 8])
+(param w f32 [8])
+(param b f32 [8])
+(let t {take})
+(let r (LayerNorm (Add t pos) w b [2] 1e-05))
+(output r{more})
+"""
+
+
+def fused_take(text: str):
+    c = compile_graph(parse_graph(text), machine="gpu", io_on_device=True)
+    return c.program, [k for k in c.program.kernels if "take" in k.attrs]
+
+
+def test_a_take_read_only_by_a_layer_norm_is_read_inside_it():
+    """The embedding block: the rows kernel reads the token rows from the table at the
+    ids (``fuse_row_takes``); no gather kernel, no taken tensor in memory. The reference
+    evaluator runs it as the gather it replaced, special values included, and raises on
+    an id out of range as the gather does."""
+    prog, fused = fused_take(EMBED.format(d="f32", take="(Take table idx)", more=""))
+    assert [k.kind for k in prog.kernels] == ["rows"] and len(fused) == 1, prog.to_text()
+    (k,) = fused
+    t, x = k.attrs["take"]
+    assert (k.inputs[t].indexing, k.inputs[x].indexing) == ("table", "rowindex")
+    assert k.covers == ["r"] and "t" in k.fused  # the take is computed inside
+    table = special_table("f32")
+    table = np.concatenate([table, table], axis=1)  # rows of 8
+    idx = np.array([[0, 9, 0], [3, 0, 1]], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    pos = rng.standard_normal((3, 8)).astype(np.float32)
+    w, b = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    inputs = {"table": table, "idx": idx, "pos": pos, "w": w, "b": b}
+    (got,) = eval_program(prog, inputs)
+    ref = compile_graph(
+        parse_graph(EMBED.format(d="f32", take="(Take table idx)", more="")),
+        machine="cpu-reference",
+    )
+    (want,) = eval_program(ref.program, inputs)
+    np.testing.assert_array_equal(got, want)  # NaN rows stay NaN, the same arithmetic
+    with pytest.raises(IndexError, match="out of range"):
+        eval_program(prog, {**inputs, "idx": np.array([[0, 1, 2], [3, 10, 1]])})
+
+
+@pytest.mark.parametrize(
+    "take, more, why",
+    [
+        ("(Take table idx)", " t", "the taken rows are an output too"),
+        ("(Take (Permute tt [1 0]) idx)", "", "the table is a view (read through strides)"),
+        ("(Take table (View idx6 [2 3]))", "", "the index is a view"),
+    ],
+)
+def test_a_take_stays_a_gather_where_the_rows_kernel_cannot_read_it(take, more, why):
+    text = EMBED.format(d="f32", take=take, more=more)
+    text = "(input tt f32 [8 10])\n(input idx6 i64 [6])\n" + text
+    prog, fused = fused_take(text)
+    assert not fused and "gather" in [k.kind for k in prog.kernels], (why, prog.to_text())
+
+
+def test_a_half_table_take_stays_a_gather():
+    """The rows kernel's zero row (an id out of range) is typed as its float32/float64
+    reads; half tables keep their gather kernel."""
+    text = EMBED.format(d="bf16", take="(Cast (Take table idx) f32)", more="")
+    prog, fused = fused_take(text)
+    assert not fused and "gather" in [k.kind for k in prog.kernels], prog.to_text()
