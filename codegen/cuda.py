@@ -376,10 +376,12 @@ def _vector_reads(
             continue
         if o.indexing == "table":  # the taken row, or zeros past the table (``_take_head``)
             zero = f"{NUMBA_TYPE[compute_dtype(o.dtype)]}(0)"
+            convert = [f"{v} = {load_expr(o.dtype, v)}" for v in names]
             lines += [
                 f"{ind}if tok:",
                 f"{ind}    {', '.join(names)} = vload{lanes}(in{i}, tb + r)",
-                f"{ind}else:",
+                *(f"{ind}    {ln}" for ln in convert if load_expr(o.dtype, "v") != "v"),
+                f"{ind}else:",  # the compute type's zeros: what the reads convert to
                 f"{ind}    {', '.join(names)} = {', '.join([zero] * lanes)}",
             ]
             continue
@@ -976,15 +978,18 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     return "\n".join(lines), params
 
 
+TAKE_TABLES = ("f32", "f64", "f16", "bf16")  # what a rows kernel reads (into f32/f64)
+
+
 def _take_head(k: Kernel, take: tuple[int, int], first: str) -> list[str]:
     """A rows kernel's fused take (``fuse_row_takes``): the row's table index, read once,
     and the base of the taken row. An index outside [0, rows) reads nothing: ``tok`` is
     false, every read of the table is a zero, and the row's first thread sets ``err[0]``
     (a plain store: every writer stores the same value) for the launcher to raise."""
     t, x = take
-    if k.inputs[t].dtype not in ("f32", "f64") or k.inputs[x].dtype not in INDEX_TYPES:
+    if k.inputs[t].dtype not in TAKE_TABLES or k.inputs[x].dtype not in INDEX_TYPES:
         raise KernelError(
-            f"a fused take reads f32/f64 tables by i32/i64 indices, not "
+            f"a fused take reads {'/'.join(TAKE_TABLES)} tables by i32/i64 indices, not "
             f"{k.inputs[t].dtype} by {k.inputs[x].dtype}"
         )
     return [

@@ -1107,7 +1107,7 @@ def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
     )
     return (
         packed
-        and table.dtype in ROW_FLOATS  # what the rows kernel's zero rows are typed as
+        and table.dtype in (*ROW_FLOATS, *ot.HALVES)  # rows kernels read halves too
         and len(table.shape) == 2
         and table.shape[1] == dom[-1]
         and math.prod(index.shape) == math.prod(dom[:-1])

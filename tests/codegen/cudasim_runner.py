@@ -590,6 +590,35 @@ def run_halves() -> int:
             ok = torch.allclose(got, want, rtol=tol, atol=tol)
             print(f"{'ok' if ok else 'FAIL'} half {dtype} rows {op} x {cols}")
             failures += not ok
+        # a half table's rows taken inside the layer norm (fuse_row_takes): vector reads
+        # (rows of 40) and scalar ones (37), an id out of range on the last row
+        for cols in (40, 37):
+            text = (
+                f"(input t {dtype} [9 {cols}])\n(input ids i64 [5])\n(input w {dtype} [{cols}])\n"
+                f"(input b {dtype} [{cols}])\n(let r (LayerNorm (Take t ids) w b [1] 1e-05))\n"
+                "(output r)\n"
+            )
+            prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
+            (k,) = prog.kernels
+            assert k.kind == "rows" and "take" in k.attrs, k
+            tv = torch.from_numpy(rng.standard_normal((9, cols)).astype(np.float32) * 3)
+            wv = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+            bv = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+            ht, hw, hb = (t.to(torch_dtype[dtype]) for t in (tv, wv, bv))
+            ids = np.array([3, 0, 8, 3, 9], dtype=np.int64)  # 9: past the table
+            by_name = {"t": to_memory(ht, dtype), "ids": ids}
+            by_name |= {"w": to_memory(hw, dtype), "b": to_memory(hb, dtype)}
+            order = {s.output: s.op for s in prog.steps if s.kind == "input"}
+            arrays = [by_name[order[o.value]] for o in k.inputs]
+            step = Step("kernel", "out", dtype=dtype, shape=k.shape, kernel=k)
+            err = np.zeros(1, dtype=np.int32)
+            got = from_memory(run_kernel(step, arrays, err=err), dtype).float()
+            want = torch.nn.functional.layer_norm(
+                ht[torch.from_numpy(ids[:4])].float(), (cols,), hw.float(), hb.float(), 1e-5
+            )
+            ok = err[0] == 1 and torch.allclose(got[:4], want, rtol=tol, atol=tol)
+            print(f"{'ok' if ok else 'FAIL'} half {dtype} rows of a take x {cols}")
+            failures += not ok
     return failures
 
 

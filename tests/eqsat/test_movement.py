@@ -281,9 +281,15 @@ def test_a_take_stays_a_gather_where_the_rows_kernel_cannot_read_it(take, more, 
     assert not fused and "gather" in [k.kind for k in prog.kernels], (why, prog.to_text())
 
 
-def test_a_half_table_take_stays_a_gather():
-    """The rows kernel's zero row (an id out of range) is typed as its float32/float64
-    reads; half tables keep their gather kernel."""
-    text = EMBED.format(d="bf16", take="(Cast (Take table idx) f32)", more="")
-    prog, fused = fused_take(text)
-    assert not fused and "gather" in [k.kind for k in prog.kernels], prog.to_text()
+@pytest.mark.parametrize(
+    ("table", "fused"),
+    [("bf16", True), ("f16", True), ("f64", True), ("i32", False), ("i64", False)],
+)
+def test_which_tables_a_rows_kernel_takes_from(table, fused):
+    """Half and float tables are read inside (into float32, as the rows kernel reads any
+    half operand); an integer table converted inside the rows kernel keeps its gather:
+    the kernel's zero row for an id out of range is typed as its float reads."""
+    text = EMBED.format(d=table, take="(Cast (Take table idx) f32)", more="")
+    prog, got = fused_take(text)
+    kinds = [k.kind for k in prog.kernels]
+    assert bool(got) == fused and ("gather" in kinds) != fused, prog.to_text()
