@@ -10,6 +10,7 @@ kernel typed, outputs defined.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from . import optable as ot
@@ -984,6 +985,13 @@ def inline_row_producers(prog: Program) -> Program:
     output never goes through memory. Exact: the body is the same scalar expression the
     loop stored, in the same type (float32 and float64 loops only: a narrower loop rounds
     when it stores, which the inlined value would not). GPU programs (after ``fuse_rows``)."""
+    return _into_rows(prog, _inline_into)
+
+
+def _into_rows(prog: Program, absorb: Callable[..., set[str]]) -> Program:
+    """Let ``absorb(step, by_output, users, outputs)`` take producers into each rows step
+    (what reads each value, and the program's outputs, as they were before the pass); the
+    producers it returns are dropped."""
     users: dict[str, set[str]] = {}
     for s in prog.steps:
         for v in s.args:
@@ -993,7 +1001,7 @@ def inline_row_producers(prog: Program) -> Program:
     gone: set[str] = set()
     for s in prog.steps:
         if s.kernel is not None and s.kernel.kind == "rows":
-            gone |= _inline_into(s, by_output, users, outputs)
+            gone |= absorb(s, by_output, users, outputs)
     if not gone:
         return prog
     out = _renumber(
@@ -1059,38 +1067,29 @@ def fuse_row_takes(prog: Program) -> Program:
     Only where the table and the index are packed (not views: a view's layout is known
     only at the call), the table has the row's length and the index one entry per row.
     GPU programs (after ``inline_row_producers``); one take per rows kernel."""
-    users: dict[str, set[str]] = {}
-    for s in prog.steps:
-        for v in s.args:
-            users.setdefault(v, set()).add(s.output)
-    outputs = set(prog.outputs)
-    by_output = {s.output: s for s in prog.steps}
-    gone: set[str] = set()
-    for s in prog.steps:
-        k = s.kernel
-        if k is None or k.kind != "rows" or "take" in k.attrs or not k.domain:
+    return _into_rows(prog, _take_into)
+
+
+def _take_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
+    """Read in rows step ``s`` the first take only it reads (``fuse_row_takes``); the
+    take's step, or nothing."""
+    k = s.kernel
+    if "take" in k.attrs or not k.domain:
+        return set()
+    for i, o in enumerate(k.inputs):
+        p = by_output.get(o.value)
+        if o.indexing != "same" or p is None or not _fusable_take(p, k, by_output):
             continue
-        for i, o in enumerate(k.inputs):
-            p = by_output.get(o.value)
-            if o.indexing != "same" or p is None or not _fusable_take(p, k, by_output):
-                continue
-            if o.value in outputs or users.get(o.value) != {s.output}:
-                continue
-            table, index = p.kernel.inputs
-            k.inputs[i] = Operand(table.value, table.dtype, tuple(table.shape), "table")
-            k.inputs.append(Operand(index.value, index.dtype, tuple(index.shape), "rowindex"))
-            k.attrs = {**k.attrs, "take": (i, len(k.inputs) - 1)}
-            k.fused = [*k.fused, *p.kernel.covers, *p.kernel.fused]
-            s.args = tuple(dict.fromkeys(op.value for op in k.inputs))
-            gone.add(p.output)
-            break
-    if not gone:
-        return prog
-    out = _renumber(
-        Program([s for s in prog.steps if s.output not in gone], prog.outputs, prog.inputs)
-    )
-    validate(out)
-    return out
+        if o.value in outputs or users.get(o.value) != {s.output}:
+            continue
+        table, index = p.kernel.inputs
+        k.inputs[i] = Operand(table.value, table.dtype, tuple(table.shape), "table")
+        k.inputs.append(Operand(index.value, index.dtype, tuple(index.shape), "rowindex"))
+        k.attrs = {**k.attrs, "take": (i, len(k.inputs) - 1)}
+        k.fused = [*k.fused, *p.kernel.covers, *p.kernel.fused]
+        s.args = tuple(dict.fromkeys(op.value for op in k.inputs))
+        return {p.output}
+    return set()
 
 
 def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
