@@ -407,8 +407,8 @@ class _Lowering:
             domain = self.types[body_cid][1]
             leaves: list[int] = []
             body = self.expr(body_cid, leaves, fused)
+            inputs = [self._operand(c, domain, fused) for c in leaves]
             fused = [n for n in fused if n not in covers]
-            inputs = [self._operand(c, domain) for c in leaves]
             if en.op == "Loop":
                 return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers, fused)
             kind, dims, kd = en.attrs
@@ -503,22 +503,25 @@ class _Lowering:
             return None
         return packed_strides(shape)
 
-    def _operand(self, c: int, domain) -> Operand:
+    def _operand(self, c: int, domain, fused: list[str]) -> Operand:
         """How a loop or reduction over ``domain`` reads class ``c``: at a division of its
         flat index when its shape broadcasts to the domain (``indexing``), through strides
         when it is a strided view. An expand of a packed value is read as that value
         broadcast (an expanded scalar, a per-row statistic): every element of the expand
         is the element of its source that broadcasting picks, so the values are the same,
-        and a strided read would divide the index once per axis."""
-        name = self.value(c)
+        and a strided read would divide the index once per axis. The expand then needs no
+        view step of its own: its graph nodes join ``fused`` (computed inside the kernel)."""
+        choice = self.best.get(c)
+        if choice is not None and choice.enode.op == "Expand":  # a view: strided
+            src = choice.enode.kids[0]
+            name = self.value(src)  # lowered first: its layout is known after
+            how = indexing(self.typ(src)[1], domain)
+            if self.layout.get(src) == "packed" and how != "strided":
+                fused += [n for n in self.host_twin_names(c) if n not in fused]
+                return Operand(name, *self.typ(src), how)
+        name = self.value(c)  # sets the layout read here
         if self.layout.get(c) != "strided":
             return Operand(name, *self.typ(c), indexing(self.typ(c)[1], domain))
-        en = self.best[c].enode
-        if en.op == "Expand" and self.layout.get(en.kids[0]) == "packed":
-            src = en.kids[0]
-            how = indexing(self.typ(src)[1], domain)
-            if how != "strided":
-                return Operand(self.value(src), *self.typ(src), how)
         return Operand(name, *self.typ(c), "strided")
 
     def _in_memory_order(self, leaves: list[int], inputs: list[Operand], dims, domain):

@@ -45,6 +45,11 @@ def test_expanded_scalars_and_rows_are_read_broadcast(machine):
     kinds = {o.indexing for k in prog.kernels for o in k.inputs}
     assert "strided" not in kinds, prog.to_text()
     assert {"scalar", "leading"} <= kinds, prog.to_text()
+    # no view step is left for the expands: each is computed inside its kernels
+    assert not [s for s in prog.steps if s.kind == "view"], prog.to_text()
+    inside = {n for k in prog.kernels for n in k.fused}
+    expands = [n for n, node in graph.nodes.items() if node.op == "Expand"]
+    assert expands and set(expands) <= inside, (expands, inside)
     check_values(graph, prog, np.random.default_rng(0))
 
 
