@@ -117,6 +117,82 @@ def embedding_dense_backward(
     return out.to(result)
 
 
+def _flat_positions(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """The row-major position in ``x`` of each element ``gather`` and ``scatter`` address:
+    ``index`` along ``dim``, the element's own coordinate along every other axis. An index
+    outside [0, x.shape[dim]) gets ``x.numel()``, a position outside every table, so the
+    take or row add reading it raises instead of reading another row's element (PyTorch
+    does not wrap negative indices here)."""
+    strides = [1] * x.dim()
+    for k in range(x.dim() - 2, -1, -1):
+        strides[k] = strides[k + 1] * x.shape[k + 1]
+    flat = index * strides[dim]
+    for k in range(x.dim()):
+        if k != dim and index.shape[k] > 1:
+            shape = [index.shape[k] if j == k else 1 for j in range(x.dim())]
+            pos = torch.arange(index.shape[k], device=index.device).view(shape)
+            flat = flat + pos * strides[k]
+    inside = (index >= 0) & (index < x.shape[dim])
+    return flat.masked_fill(~inside, x.numel()).reshape(-1)
+
+
+def _addressable(x: torch.Tensor, dim: int, index: torch.Tensor) -> bool:
+    """Whether ``_flat_positions`` covers this call: an int64 index of x's rank, no wider
+    than x off ``dim``, not empty (PyTorch's own op raises on the rest, or has nothing to
+    do)."""
+    return (
+        x.dim() > 0
+        and index.dim() == x.dim()
+        and index.dtype == torch.int64
+        and index.numel() > 0
+        and all(index.shape[k] <= x.shape[k] for k in range(x.dim()) if k != dim % x.dim())
+    )
+
+
+def gather(x, dim: int, index, sparse_grad: bool = False):
+    """``gather`` as a row take of x's elements at their flat positions (cross-entropy's
+    pick of the target's log-probability): an index loop and a take kernel on a GPU, where
+    the op had no kernel and its operand crossed to the host. Moves bits: every value,
+    both zeros, infinities and NaN payloads, arrives unchanged. An index out of range
+    raises IndexError (PyTorch: RuntimeError)."""
+    if sparse_grad or not _addressable(x, dim, index):
+        return NotImplemented
+    flat = _flat_positions(x, dim % x.dim(), index)
+    return torch.index_select(x.reshape(-1), 0, flat).view(index.shape)
+
+
+def _hits(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """Whether each element of x is addressed by ``index`` (``scatter``), as counts added
+    at the flat positions (a row add on a GPU, which raises on an index out of range)."""
+    flat = _flat_positions(x, dim, index)
+    counts = torch.zeros(x.numel(), dtype=torch.int32, device=x.device)
+    ones = torch.ones(flat.shape, dtype=torch.int32, device=x.device)
+    return torch.index_put(counts, (flat,), ones, accumulate=True).view(x.shape) > 0
+
+
+def scatter_value(x, dim: int, index, value):
+    """``scatter`` of one value (cross-entropy's backward writes -1 at each target): x
+    with ``value`` where ``index`` addresses it. Exact: the result selects, element by
+    element, x's bits or the value's (converted to x's dtype as PyTorch converts it),
+    and repeated positions receive the same value either way."""
+    if not _addressable(x, dim, index):
+        return NotImplemented
+    return x.masked_fill(_hits(x, dim % x.dim(), index), value)
+
+
+def scatter_add(x, dim: int, index, src):
+    """``scatter_add`` (``gather``'s gradient): src's elements added into x at their flat
+    positions, as a row add on a GPU (atomic adds: repeated positions add up in another
+    order than PyTorch's CPU loop, as ``index_put`` with accumulate does)."""
+    if not _addressable(x, dim, index) or src.dim() != x.dim() or src.dtype != x.dtype:
+        return NotImplemented
+    if any(index.shape[k] > src.shape[k] for k in range(x.dim())):
+        return NotImplemented
+    flat = _flat_positions(x, dim % x.dim(), index)
+    picked = src[tuple(slice(0, n) for n in index.shape)].reshape(-1)
+    return torch.index_put(x.reshape(-1), (flat,), picked, accumulate=True).view(x.shape)
+
+
 def table() -> dict:
     keep = kept_whole()
     out = {
@@ -126,4 +202,7 @@ def table() -> dict:
     }
     out[torch.ops.aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     out[torch.ops.aten.embedding_dense_backward.default] = embedding_dense_backward
+    out[torch.ops.aten.gather.default] = gather
+    out[torch.ops.aten.scatter.value] = scatter_value
+    out[torch.ops.aten.scatter_add.default] = scatter_add
     return out

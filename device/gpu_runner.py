@@ -494,10 +494,13 @@ class GpuRunner:
             if self.takes or self.fused_takes:
                 where.append(
                     "a row take (embedding, index_select or indexing along the first "
-                    "axis: every index in [0, rows))"
+                    "axis: every index in [0, rows); gather: in [0, size) along its dim)"
                 )
             if self.scatters:
-                where.append("a row add (index_put with accumulate: every index in [-rows, rows))")
+                where.append(
+                    "a row add (index_put with accumulate: every index in [-rows, rows); "
+                    "scatter and scatter_add: in [0, size) along their dim)"
+                )
             raise IndexError(f"saturn: index out of range in {' or '.join(where)}")
 
     # --- outputs: lent out of the arena, copied out only when still held -----------------

@@ -118,6 +118,102 @@ def test_a_boolean_mask_is_not_a_take():
         assert "gather" not in [k.kind for k in hit.compiled.program.kernels]
 
 
+GATHERS = {  # (function, x shape, index shape, dim): gather and scatter at flat positions
+    "last axis (cross-entropy's pick)": (lambda x, i: torch.gather(x, 1, i) * 2, (4, 7), (4, 1), 1),
+    "first axis": (lambda x, i: x.gather(0, i) + 1, (5, 3), (2, 3), 0),
+    "middle axis, a narrower index": (lambda x, i: x.gather(1, i), (2, 6, 4), (2, 3, 3), 1),
+    "negative dim": (lambda x, i: x.gather(-1, i) - 1, (3, 5), (3, 2), 1),
+}
+
+
+def special_values(shape) -> torch.Tensor:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0])
+    return x
+
+
+@pytest.mark.parametrize("name", GATHERS)
+def test_gathers_are_takes_at_flat_positions(name):
+    """``gather`` decomposed (device/decompositions.py) into an index loop and one take of
+    the operand's elements: no host op, and the values bit for bit (NaN, both
+    infinities, -0.0 among them)."""
+    fn, xshape, ishape, dim = GATHERS[name]
+    i = torch.randint(0, xshape[dim], ishape, generator=torch.Generator().manual_seed(6))
+    i.view(-1)[0] = 0  # the NaN
+    compile_and_compare(fn, special_values(xshape), i, rtol=0, atol=0)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    assert [k.kind for k in prog.kernels].count("gather") == 1, prog.to_text()
+
+
+@pytest.mark.parametrize("name", GATHERS)
+def test_scatters_of_a_value_and_scatter_adds_are_row_adds(name):
+    """``scatter`` of a value and ``scatter_add`` at the same positions (repeated ones
+    among them): a row add (of counts, or of the source) at flat positions. Small
+    integers as values, so the atomic adds' order cannot round."""
+    _, xshape, ishape, dim = GATHERS[name]
+    i = torch.randint(0, xshape[dim], ishape, generator=torch.Generator().manual_seed(7))
+    x = special_values(xshape)
+    src = torch.randint(-4, 5, ishape, generator=torch.Generator().manual_seed(8)).float()
+    got = compile_and_compare(lambda x, i: x.scatter(dim, i, -0.0) * 3, x, i, rtol=0, atol=0)
+    # -0.0 written, not added to a zero (which would give +0.0)
+    assert torch.equal(got.cpu().signbit(), (x.scatter(dim, i, -0.0) * 3).signbit())
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and "scatter" in [k.kind for k in prog.kernels]
+    compile_and_compare(lambda x, i, s: x.scatter_add(dim, i, s), x, i, src, rtol=0, atol=0)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and "scatter" in [k.kind for k in prog.kernels]
+
+
+def test_cross_entropy_trains_with_no_host_op():
+    """Cross-entropy with ignored targets: the loss and the logits' gradient as eager's,
+    the forward's pick a take and the backward's -1 at each target a row add of counts
+    and a select, both graphs free of host ops (each crossed the whole logits before)."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(9))
+    t = torch.tensor([3, -100, 9, 0, 3, -100])
+    xd = x.to(DEV).requires_grad_()
+    torch._dynamo.reset()
+    compiles = backend.CACHE.compiles
+
+    def f(x, t):
+        return torch.nn.functional.cross_entropy(x, t)
+
+    loss = torch.compile(f, backend="saturn", dynamic=False)(xd, t.to(DEV))
+    loss.backward()
+    xr = x.clone().requires_grad_()
+    want = f(xr, t)
+    want.backward()
+    torch.testing.assert_close(loss.detach().cpu(), want.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(xd.grad.cpu(), xr.grad, rtol=1e-6, atol=1e-7)
+    assert backend.CACHE.compiles - compiles == 2
+    forward, backward = (c.compiled.program for c in list(backend.CACHE.items.values())[-2:])
+    assert host_ops(forward) == [] and host_ops(backward) == []
+    assert "gather" in [k.kind for k in forward.kernels], forward.to_text()
+    assert "scatter" in [k.kind for k in backward.kernels], backward.to_text()
+
+
+@pytest.mark.parametrize("bad", [7, -1])
+def test_a_gather_index_out_of_range_raises(bad):
+    """PyTorch raises RuntimeError; the take raises IndexError, reading nothing (a
+    negative index does not wrap, as in PyTorch)."""
+    x, i = special_values((4, 7)), torch.tensor([[1], [bad], [0], [6]])
+    torch._dynamo.reset()
+    cf = torch.compile(lambda x, i: torch.gather(x, 1, i), backend="saturn", dynamic=False)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(x, 1, i)
+    with pytest.raises(IndexError, match="out of range"):
+        cf(x.to(DEV), i.to(DEV))
+
+
+def test_gathers_the_decomposition_declines_stay_pytorch_ops():
+    """A sparse gradient, and an empty index, keep PyTorch's op (a host op on saturn:0)."""
+    x, i = special_values((4, 7)), torch.tensor([[1], [2], [0], [6]])
+    compile_and_compare(lambda x, i: torch.gather(x, 1, i, sparse_grad=True), x, i, rtol=0, atol=0)
+    assert host_ops(last_compiled().compiled.program) == ["aten.gather.default"]
+    empty = torch.zeros(4, 0, dtype=torch.int64)
+    compile_and_compare(lambda x, i: torch.gather(x, 1, i) + 1, x, empty, rtol=0, atol=0)
+
+
 # --- on the GPU ---------------------------------------------------------------------------
 
 
