@@ -636,6 +636,7 @@ def run_takes() -> int:
         (np.float16, (5, 16), False, np.int64, (2, 2), 8),
         (np.uint8, (9, 4), False, np.int64, (), 1),
         (np.int16, (4, 6), True, np.int64, (2, 3), 1),
+        (np.float32, (60, 1), False, np.int64, (6,), 1),  # elements (a gather, 0047)
     ]
     for dtype, tshape, transposed, itype, ishape, lanes in cases:
         base = (rng.standard_normal(tshape[::-1] if transposed else tshape) * 50).astype(dtype)
@@ -829,13 +830,14 @@ def run_scatter_adds() -> int:
     nothing and sets the word."""
     rng = np.random.default_rng(5)
     failures = 0
-    for dtype, itype, transposed in [
-        (np.float32, np.int64, False),
-        (np.float64, np.int32, True),
-        (np.int64, np.int64, False),
-        (np.int32, np.int32, True),
+    for dtype, itype, transposed, d in [
+        (np.float32, np.int64, False, 3),
+        (np.float64, np.int32, True, 3),
+        (np.int64, np.int64, False, 3),
+        (np.int32, np.int32, True, 3),
+        (np.int32, np.int64, False, 1),  # counts at flat positions (a scatter, 0047)
     ]:
-        rows, n, d = 6, 5, 3
+        rows, n = 6, 5
         table = (rng.standard_normal((rows, d)) * 20).astype(dtype)
         vbase = (rng.standard_normal((d, n) if transposed else (n, d)) * 20).astype(dtype)
         values = vbase.T if transposed else vbase
@@ -851,7 +853,10 @@ def run_scatter_adds() -> int:
         vs = [st // values.itemsize for st in values.strides]
         fn[2, 32](out, base_of(values).copy().reshape(-1), index, err, n, d, rows, *vs, 1)
         ok = np.allclose(out.reshape(rows, d), want, rtol=1e-6) and err[0] == 0
-        print(f"{'ok' if ok else 'FAIL'} scatter add {name} {np.dtype(itype).name} t={transposed}")
+        print(
+            f"{'ok' if ok else 'FAIL'} scatter add {name} {np.dtype(itype).name} "
+            f"t={transposed} d={d}"
+        )
         failures += not ok
     g = cg.generate_scatter_add("f32", "i64")
     fn = cuda.jit(cg.python_function(g))
