@@ -32,7 +32,7 @@ import numpy as np
 from numba import config
 
 from saturn.eqsat import optable as ot
-from saturn.eqsat.program import Kernel, leaves
+from saturn.eqsat.program import TAKE_TABLES, Kernel, leaves
 
 from .expr import NUMBA_TYPE, BodyWriter, helpers
 from .sources import cache_dir, import_source, write_atomic
@@ -976,9 +976,6 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
 
     lines += passes(stored_body(k.body, k.dtype), "", store, set())
     return "\n".join(lines), params
-
-
-TAKE_TABLES = ("f32", "f64", "f16", "bf16")  # what a rows kernel reads (into f32/f64)
 
 
 def _take_head(k: Kernel, take: tuple[int, int], first: str) -> list[str]:

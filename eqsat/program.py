@@ -1058,6 +1058,9 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
     return {p.output for p in inlined}
 
 
+TAKE_TABLES = (*ROW_FLOATS, *ot.HALVES)  # a fused take's tables: halves read into f32
+
+
 def fuse_row_takes(prog: Program) -> Program:
     """A row take (an embedding's token rows) read by one rows kernel alone is read inside
     it: the rows kernel reads row ``index[row]`` of the table where it read the taken
@@ -1109,7 +1112,7 @@ def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
     )
     return (
         packed
-        and table.dtype in (*ROW_FLOATS, *ot.HALVES)  # rows kernels read halves too
+        and table.dtype in TAKE_TABLES
         and len(table.shape) == 2
         and table.shape[1] == dom[-1]
         and math.prod(index.shape) == math.prod(dom[:-1])

@@ -114,11 +114,11 @@ def indices_in_range(prog: Program, s: Step) -> bool:
     k = s.kernel
     if k is not None and k.kind == "rows" and "take" in k.attrs:  # fuse_row_takes
         table, index = (k.inputs[i] for i in k.attrs["take"])
-        lo, hi = value_bounds(prog, index.value)
-        return 0 <= lo and hi < table.shape[0]
-    if k is None or k.kind not in ("gather", "scatter"):
+    elif k is not None and k.kind in ("gather", "scatter"):
+        table, index = k.inputs[0], k.inputs[1]
+    else:
         return False
-    rows = k.inputs[0].shape[0] if k.inputs[0].shape else 0
-    lo, hi = value_bounds(prog, k.inputs[1].value)
-    least = 0 if k.kind == "gather" else -rows
+    rows = table.shape[0] if table.shape else 0
+    lo, hi = value_bounds(prog, index.value)
+    least = -rows if k.kind == "scatter" else 0
     return least <= lo and hi < rows

@@ -84,3 +84,23 @@ def test_float_values_are_not_bounded():
     prog = program("(input x f32 [6])\n(let r (Minimum x (Scalar 3 f32)))\n(output r)\n")
     (k,) = [s for s in prog.steps if s.kind == "kernel"]
     assert value_bounds(prog, k.output) == (-math.inf, math.inf)
+
+
+def take_in_layer_norm(index: str) -> str:
+    return (
+        "(input table f32 [10 8])\n(input ids i64 [2 3])\n(param w f32 [8])\n"
+        f"(param b f32 [8])\n(let r (LayerNorm (Take table {index}) w b [2] 1e-05))\n(output r)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "index,bounded",
+    [(clamp(0, 9), True), (clamp(0, 10), False), ("ids", False)],
+    ids=["clamped", "one-row-too-high", "input"],
+)
+def test_a_take_read_inside_a_rows_kernel_is_bounded_as_a_take(index, bounded):
+    """The rows kernel reading the take's rows (fuse_row_takes) checks its index as the
+    take would have: [0, rows), the caller's ids unbounded."""
+    prog = program(take_in_layer_norm(index))
+    (s,) = [s for s in prog.steps if s.kernel is not None and "take" in s.kernel.attrs]
+    assert indices_in_range(prog, s) == bounded, prog.to_text()
