@@ -180,7 +180,8 @@ class BodyWriter:
         const_t = args[1 if row.name == "Where" else 0][1]
         consts = {k: literal(v, const_t) for k, v in NAMED.items()}
         ft = "f64" if const_t == "f64" else "f32"  # the compute type's rounding helpers
-        code = row.expr.format(*[a for a, _ in args], **consts, cast="", ft=ft)
+        template = row.int_expr if row.int_expr and const_t in ot.INTS else row.expr
+        code = template.format(*[a for a, _ in args], **consts, cast="", ft=ft)
         name = self.fresh(row.name.lower())
         self.lines.append(f"{name} = {code}")
         return name, dtype

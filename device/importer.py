@@ -367,9 +367,12 @@ class _Importer:
             src = self.env[operands[0].name]
             return src if self.g.nodes[src].dtype == dtype else None
         if row.name in ot.FLOAT_OPERANDS and dtype not in ot.FLOATS:
-            # an integer result of a float-only row (integer fmod, remainder, floor
-            # division, where a zero divisor raises): PyTorch's op
+            # an integer result of a float-only row (integer fmod, where a zero divisor
+            # raises): PyTorch's op
             return None
+        if row.name in ot.CONSTANT_DIVISOR and dtype not in ot.FLOATS:
+            if not _constant_divisor(operands, dtype):
+                return None
         if row.out_dtype == "bool":
             probes = [
                 torch.empty(1, dtype=TORCH_DTYPES[self.g.nodes[self.env[a.name]].dtype])
@@ -388,6 +391,15 @@ class _Importer:
         else:
             args = [self.operand(a, common) for a in operands]
         return self.add(Node(node.name, row.name, tuple(args), (), dtype, shape), node.name)
+
+
+def _constant_divisor(operands: list, dtype: str) -> bool:
+    """An integer remainder or floor division of a tensor by a Python int the op table
+    admits (``ot.constant_divisor``: 1 <= b <= 2^53, fitting the dtype), which cannot
+    raise or overflow; a tensor, zero or negative divisor stays PyTorch's op (a zero
+    divisor raises there)."""
+    a, b = operands
+    return isinstance(a, torch.fx.Node) and type(b) is int and ot.constant_divisor(b, dtype)
 
 
 # --- per-op handlers: return a graph node name, or None to keep the node opaque -------------
@@ -1336,12 +1348,15 @@ def _h_batch_norm(imp: _Importer, node: torch.fx.Node):
 
 def _h_div_mode(imp: _Importer, node: torch.fx.Node):
     """div(a, b, rounding_mode): None is Div, "floor" PyTorch's floor division (FloorDiv),
-    "trunc" the truncated quotient trunc(a / b), as PyTorch's kernel computes it. Floats
-    only (an integer zero divisor raises in PyTorch)."""
+    "trunc" the truncated quotient trunc(a / b), as PyTorch's kernel computes it. Floats,
+    and the floor mode of integers by a constant divisor (``_constant_divisor``; an integer
+    zero divisor raises in PyTorch)."""
     a, b = node.args[:2]
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
     dtype, shape = _tensor_type(node)
-    if dtype not in ot.FLOATS or mode not in (None, "floor", "trunc"):
+    if dtype not in ot.FLOATS and not (mode == "floor" and _constant_divisor([a, b], dtype)):
+        return None
+    if mode not in (None, "floor", "trunc"):
         return None
     if mode == "floor":
         out = _ew_node(imp, "FloorDiv", (a, b), dtype, shape)

@@ -75,8 +75,6 @@ FLOAT_OPERANDS = frozenset(
         "Cos",
         "Atan2",
         "Fmod",
-        "Remainder",
-        "FloorDiv",
         "Floor",
         "Ceil",
         "Trunc",
@@ -94,6 +92,28 @@ FLOAT_OPERANDS = frozenset(
         "LayerNorm",
     )
 )
+
+
+# Ops that take integer operands only with a constant divisor b, 1 <= b <= 2^53, that fits
+# the dtype. PyTorch raises on an integer zero divisor, which a kernel cannot do; with such a
+# b neither op can raise, overflow or round (floored division of integers, PyTorch's rule:
+# the remainder has the divisor's sign, here in [0, b)), and b is exact as the float64 a
+# Scalar holds. Anything else of integers stays PyTorch's op.
+CONSTANT_DIVISOR = frozenset(("Remainder", "FloorDiv"))
+MAX_DIVISOR = 2**53
+
+
+def constant_divisor(value: int | float, dtype: str) -> bool:
+    """Whether ``value`` (a Python int, or a Scalar's float) is a divisor the
+    ``CONSTANT_DIVISOR`` ops take for integer ``dtype``. An int is compared as itself: 2^53 + 1
+    would round to 2^53 as a float."""
+    if dtype not in INTS:
+        return False
+    if isinstance(value, float):
+        if not value.is_integer():  # fractions, infinities, NaN
+            return False
+        value = int(value)
+    return 1 <= value <= min(MAX_DIVISOR, int(np.iinfo(NUMPY_DTYPE[dtype]).max))
 
 
 def is_float(dtype: str) -> bool:
@@ -146,6 +166,9 @@ class Op:
     flops: int = 1  # arithmetic per output element, for the cost model
     doc: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
+    # scalar expression for integer operands, where it differs from ``expr`` (the
+    # CONSTANT_DIVISOR ops: Python's floored ``%`` and ``//``, which Numba compiles as is)
+    int_expr: str | None = None
 
     @property
     def device_expr(self) -> str:
@@ -234,7 +257,10 @@ def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _floordiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """PyTorch's div_floor_floating: the quotient of a - fmod(a, b), one less where the
     signs differ, floored with a correction past .5, a zero carrying the sign of a / b,
-    and a / b where b is 0."""
+    and a / b where b is 0. Integers (a constant divisor >= 1): numpy's floored division,
+    exact."""
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return np.floor_divide(a, b)
     q = np.true_divide(a, b)
     m = np.fmod(a, b)
     d = (a - m) / b
@@ -309,7 +335,18 @@ def _binary(fn: Callable) -> Callable:
     return run
 
 
-def _ew(name, arity, expr, numpy, dtypes=DEVICE_FLOATS, aten=(), flops=1, out_dtype=None, doc=""):
+def _ew(
+    name,
+    arity,
+    expr,
+    numpy,
+    dtypes=DEVICE_FLOATS,
+    aten=(),
+    flops=1,
+    out_dtype=None,
+    doc="",
+    int_expr=None,
+):
     return Op(
         name,
         ELEMENTWISE,
@@ -323,6 +360,7 @@ def _ew(name, arity, expr, numpy, dtypes=DEVICE_FLOATS, aten=(), flops=1, out_dt
         out_dtype,
         flops,
         doc,
+        int_expr=int_expr,
     )
 
 
@@ -461,16 +499,20 @@ OPS: tuple[Op, ...] = (
         2,
         "remainder_{ft}({0}, {1})",
         _binary(_remainder),
+        DEVICE_NUMERIC,  # integers by a constant divisor only (CONSTANT_DIVISOR)
         aten=("aten.remainder.Tensor", "aten.remainder.Scalar"),
         flops=10,
+        int_expr="{0} % {1}",
     ),
     _ew(
         "FloorDiv",
         2,
         "floordiv_{ft}({0}, {1})",
         _binary(_floordiv),
+        DEVICE_NUMERIC,  # integers by a constant divisor only (CONSTANT_DIVISOR)
         aten=("aten.floor_divide.default",),
         flops=14,
+        int_expr="{0} // {1}",
     ),
     _ew(
         "Atan2",

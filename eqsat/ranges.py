@@ -6,10 +6,17 @@ An embedding's backward clamps its token ids into the table before adding rows
 intervals worked out from how the program makes a value: a constant or an ``Arange``
 exactly; a view (reshape, expand, slice, permute) holds a subset of its source's values;
 a loop's body is evaluated over intervals (its operands' bounds, constants, ``minimum``,
-``maximum``, ``where``, ``add``, ``sub``, ``neg``); anything else is unbounded. Only integer values
+``maximum``, ``add``, ``sub``, ``mul``, ``neg``, the floored ``remainder`` and ``floordiv``
+by a constant, comparisons and ``where``); anything else is unbounded. Only integer values
 are bounded, and an arithmetic result only while it stays within the range of the
 narrowest integer type the loop reads or writes (so no step can wrap around) and within
 2^53 (exact as a float): an interval is never narrower than the values it describes.
+
+Booleans inside a body are the intervals (0, 0), (1, 1) or (0, 1): a comparison that
+every pair of operand values decides the same way is a constant, and a ``where`` whose
+condition is decided takes that branch's bounds alone. That is how the flat positions of
+a ``gather`` (decision 0047) whose index is wrapped by ``remainder`` (``take_along_dim``)
+are seen to avoid the out-of-range sentinel.
 """
 
 from __future__ import annotations
@@ -39,16 +46,60 @@ def _within(iv: Interval, limits: Interval) -> Interval:
     return iv if lo > hi or (limits[0] <= lo and hi <= limits[1]) else UNBOUNDED
 
 
+TRUE: Interval = (1.0, 1.0)
+FALSE: Interval = (0.0, 0.0)
+EITHER: Interval = (0.0, 1.0)
+# comparison -> (always true, always false) of operand intervals (a, b) and (c, d)
+_COMPARE = {
+    "lt": (lambda a, b, c, d: b < c, lambda a, b, c, d: a >= d),
+    "le": (lambda a, b, c, d: b <= c, lambda a, b, c, d: a > d),
+    "gt": (lambda a, b, c, d: a > d, lambda a, b, c, d: b <= c),
+    "ge": (lambda a, b, c, d: a >= d, lambda a, b, c, d: b < c),
+    "eq": (lambda a, b, c, d: a == b == c == d, lambda a, b, c, d: b < c or d < a),
+    "ne": (lambda a, b, c, d: b < c or d < a, lambda a, b, c, d: a == b == c == d),
+}
+
+
+def _divisor(iv: Interval) -> int | None:
+    """The constant divisor of an integer remainder or floor division (the type check
+    admits only constants >= 1 there)."""
+    lo, hi = iv
+    return int(lo) if lo == hi and lo >= 1 else None
+
+
 def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
     op = e[0]
     if op == "in":
         return operands[e[1]]
     if op == "const":
-        if e[2] not in ot.INTS:
+        if e[2] not in ot.INTS and e[2] != "bool":
             return UNBOUNDED
         v = bits_float(e[1])
         return (v, v) if math.isfinite(v) else UNBOUNDED
     kids = [_body(k, operands, limits) for k in e[1:] if isinstance(k, tuple)]
+    if op in _COMPARE and len(kids) == 2:  # booleans as 0 and 1
+        (a, b), (c, d) = kids
+        always, never = _COMPARE[op]
+        return TRUE if always(a, b, c, d) else FALSE if never(a, b, c, d) else EITHER
+    if op == "where" and len(kids) == 3:  # the branch a decided condition takes
+        if kids[0] == TRUE:
+            return kids[1]
+        if kids[0] == FALSE:
+            return kids[2]
+        (a, b), (c, d) = kids[1], kids[2]
+        return (min(a, c), max(b, d))
+    if op == "mul" and len(kids) == 2:
+        ends = [x * y for x in kids[0] for y in kids[1]]
+        if not all(math.isfinite(v) for v in (*kids[0], *kids[1])):
+            return UNBOUNDED
+        return _within((min(ends), max(ends)), limits)
+    if op in ("remainder", "floordiv") and len(kids) == 2:  # integers, floored
+        (a, b), n = kids[0], _divisor(kids[1])
+        if n is None:
+            return UNBOUNDED
+        if op == "remainder":
+            return (a, b) if 0 <= a and b < n else (0.0, float(n - 1))
+        return (_floor_div(a, n), _floor_div(b, n))
     if op == "minimum" and len(kids) == 2:
         (a, b), (c, d) = kids
         return (min(a, c), min(b, d))
@@ -61,13 +112,15 @@ def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
     if op == "sub" and len(kids) == 2:
         (a, b), (c, d) = kids
         return _within((a - d, b - c), limits)
-    if op == "where" and len(kids) == 3:  # either branch's values
-        (a, b), (c, d) = kids[1], kids[2]
-        return (min(a, c), max(b, d))
     if op == "neg" and len(kids) == 1:
         (a, b) = kids[0]
         return _within((-b, -a), limits)
     return UNBOUNDED
+
+
+def _floor_div(v: float, n: int) -> float:
+    """Floored ``v // n`` of an interval's end: integral (and within 2^53) or infinite."""
+    return v if math.isinf(v) else float(int(v) // n)
 
 
 def value_bounds(prog: Program, name: str) -> Interval:

@@ -10,6 +10,7 @@ import math
 
 from . import optable as ot
 from .errors import GraphError
+from .graph import bits_float
 
 Shape = tuple[int, ...]
 
@@ -217,6 +218,18 @@ def infer(graph, node) -> tuple[str, Shape]:
     try:
         dtype = result_dtype(row, [o.dtype for o in operands], node.attrs)
         shape = shape_of(row, [o.shape for o in operands], node.attrs)
+        if row.name in ot.CONSTANT_DIVISOR and not ot.is_float(dtype):
+            _constant_divisor(row.name, operands[1], dtype)
     except (ValueError, IndexError) as e:
         raise GraphError(f"{node.op}: {e}", node.loc) from None
     return dtype, shape
+
+
+def _constant_divisor(op: str, divisor, dtype: str) -> None:
+    """An integer Remainder or FloorDiv divides by a Scalar the op table admits."""
+    value = bits_float(divisor.attrs[0]) if divisor.op == "Scalar" else None
+    if value is None or not ot.constant_divisor(value, dtype):
+        raise ValueError(
+            f"{op} of {dtype} needs a Scalar divisor b, 1 <= b <= 2^53, that fits {dtype}"
+            " (an integer zero divisor raises in PyTorch)"
+        )

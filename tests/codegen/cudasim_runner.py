@@ -162,6 +162,11 @@ GRAPHS = {
     "(output r)\n(output s)",
     "division": "(input a f32 [43])\n(input b f32 [43])\n(let r (Add (Fmod a b) "
     "(Mul (Remainder a b) (FloorDiv a b))))\n(output r)",
+    # integers by constant divisors (floored: negative dividends give a remainder in [0, b))
+    "integer_division": "(input a i64 [43])\n(input c i32 [43])\n"
+    "(let r (Add (Remainder a (Scalar 4 i64)) (FloorDiv a (Scalar 3 i64))))\n"
+    "(let s (Add (FloorDiv c (Scalar 2 i32)) (Remainder c (Scalar 7 i32))))\n"
+    "(output r)\n(output s)",
     # nearest upsampling by 2 and 3 as the importer writes it: split, expand, merge
     "repeat_upsample": "(input x f32 [2 3 4])\n(let v (View x [2 3 1 4 1]))\n"
     "(let e (Expand v [2 3 2 4 3]))\n(let u (View e [2 6 12]))\n"

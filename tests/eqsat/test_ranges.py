@@ -61,6 +61,36 @@ def test_indices_in_range(text, bounded):
     assert indices_in_range(prog, movement(prog)) is bounded, prog.to_text()
 
 
+def wrap(n: int, dtype: str = "i64") -> str:
+    return f"(Remainder ids (Scalar {n} {dtype}))"
+
+
+@pytest.mark.parametrize(
+    "index,bounded",
+    [
+        (wrap(10), True),  # take_along_dim's wrap: [0, 10)
+        (wrap(11), False),  # one row too many
+        (f"(FloorDiv {clamp(0, 29)} (Scalar 3 i64))", True),  # [0, 9]
+        (f"(FloorDiv {clamp(0, 30)} (Scalar 3 i64))", False),  # [0, 10]
+        (f"(FloorDiv {clamp(-3, 29)} (Scalar 3 i64))", False),  # floored: -1
+        (f"(Mul {clamp(0, 4)} (Scalar 2 i64))", True),  # [0, 8]
+        (f"(Mul {clamp(0, 5)} (Scalar 2 i64))", False),  # [0, 10]
+        (f"(Mul {clamp(-1, 4)} {clamp(-1, 4)})", False),  # [-4, 16]
+        # a condition every value decides the same way takes its branch's bounds alone
+        (f"(Where (Lt {wrap(10)} (Scalar 10 i64)) {wrap(10)} (Scalar 99 i64))", True),
+        (f"(Where (Ge {wrap(10)} (Scalar 0 i64)) {wrap(10)} (Scalar 99 i64))", True),
+        (f"(Where (Eq {wrap(10)} (Scalar 10 i64)) (Scalar 99 i64) {wrap(10)})", True),
+        (f"(Where (Lt {wrap(10)} (Scalar 9 i64)) {wrap(10)} (Scalar 99 i64))", False),
+        (f"(Where (Lt ids (Scalar 10 i64)) {wrap(10)} (Scalar 99 i64))", False),
+    ],
+)
+def test_wrapped_scaled_and_selected_indices(index, bounded):
+    """Remainder and floor division by a constant, products, and a ``where`` whose
+    condition the bounds decide (how ``gather``'s flat positions avoid their sentinel)."""
+    prog = program(take_rows(index))
+    assert indices_in_range(prog, movement(prog)) is bounded, prog.to_text()
+
+
 def test_reversed_arange_takes_are_bounded():
     prog = program("(input t f32 [5 3])\n(let r (Take t (Arange 4 -1 5 i64)))\n(output r)\n")
     assert indices_in_range(prog, movement(prog)), prog.to_text()
