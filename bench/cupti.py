@@ -5,6 +5,7 @@ eager side of a benchmark can use it in a process of its own."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -12,10 +13,15 @@ from torch.profiler import ProfilerActivity, profile
 
 TOP = 14
 
+# Kernels of the vendor libraries (cuBLAS/cuBLASLt GEMMs and their split-K reductions,
+# cuDNN convolutions and fused attention), by name: what a float32 implementation that
+# calls those libraries spends however well the rest is fused.
+LIBRARY = re.compile(r"gemm|xmma|cutlass|cublas|cudnn|fprop|convolve|fmha|flash|splitK", re.I)
 
-def print_kernels(call, sync, calls: int = 10, top: int = TOP, warmup: int = 5) -> None:
-    """Run ``call()`` ``warmup`` times, then profile ``calls`` more, and print the device time
-    per call and the ``top`` kernels (or copies, or memsets) by their total time."""
+
+def kernel_table(call, sync, calls: int = 10, warmup: int = 5) -> dict[str, tuple[float, float]]:
+    """Run ``call()`` ``warmup`` times, then profile ``calls`` more: for each kernel (or
+    copy, or memset) name, its device time per call in us and its launches per call."""
     for _ in range(warmup):
         call()
     sync()
@@ -31,8 +37,23 @@ def print_kernels(call, sync, calls: int = 10, top: int = TOP, warmup: int = 5) 
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             t, n = rows.get(e["name"], (0.0, 0))
             rows[e["name"]] = (t + float(e.get("dur", 0)), n + 1)
-    total = sum(t for t, _ in rows.values()) / calls
-    count = sum(n for _, n in rows.values()) / calls
+    return {name: (t / calls, n / calls) for name, (t, n) in rows.items()}
+
+
+def library_us(table: dict[str, tuple[float, float]]) -> float:
+    """Device time per call of the table's library kernels (``LIBRARY``)."""
+    return sum(t for name, (t, _) in table.items() if LIBRARY.search(name))
+
+
+def print_table(table: dict[str, tuple[float, float]], top: int = TOP) -> None:
+    total = sum(t for t, _ in table.values())
+    count = sum(n for _, n in table.values())
     print(f"    device time per call {total:9.1f} us in {count:.0f} kernels")
-    for name, (t, n) in sorted(rows.items(), key=lambda r: -r[1][0])[:top]:
-        print(f"    {t / calls:9.1f} us  x{n / calls:4.1f}  {name[:110]}")
+    for name, (t, n) in sorted(table.items(), key=lambda r: -r[1][0])[:top]:
+        print(f"    {t:9.1f} us  x{n:4.1f}  {name[:110]}")
+
+
+def print_kernels(call, sync, calls: int = 10, top: int = TOP, warmup: int = 5) -> None:
+    """Profile ``call()`` (see ``kernel_table``) and print the device time per call and the
+    ``top`` kernels by their total time."""
+    print_table(kernel_table(call, sync, calls, warmup), top)
