@@ -21,7 +21,7 @@ SIMULATED = [
     # half loops, sums and rows kernels (4 of them reading a take) rounded once from
     # float32; movement kernels
     ("movement", 100, 0, 60),
-    ("graphs", 70, 9, 0),  # every graph, then narrow and split (9 split reductions)
+    ("graphs", 75, 9, 0),  # every graph, then narrow and split (9 split reductions)
     ("variants", 55, 0, 0),  # rows kernels kept, by warps, re-read; scalar loops
 ]
 
