@@ -59,15 +59,20 @@ def timed(fn, x, sync) -> tuple[float, float]:
     return statistics.median(calls) * 1e6, statistics.median(hosts) * 1e6
 
 
-def main(names: list[str], dtype: torch.dtype = torch.float32) -> None:
+def saturn_sync() -> None:
+    torch.saturn.synchronize(GPU)
+
+
+def start() -> None:
+    """TF32 off for eager and Inductor (every product computes float32), and the header."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    cuda_sync = torch.cuda.synchronize
-
-    def saturn_sync():
-        torch.saturn.synchronize(GPU)
-
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+
+
+def main(names: list[str], dtype: torch.dtype = torch.float32) -> None:
+    start()
+    cuda_sync = torch.cuda.synchronize
     print(f"{'workload':22s} {'impl':24s} {'call us':>9s} {'host us':>9s} {'max err':>9s}")
     summary = []
     for name in names:

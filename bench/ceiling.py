@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from blocks import timed  # bench/blocks.py (this script's folder)
+from blocks import GPU, saturn_sync, start, timed  # bench/blocks.py (this script's folder)
 from cupti import LIBRARY, kernel_table, library_us
 
 import saturn  # noqa: F401
@@ -39,7 +39,6 @@ import saturn  # noqa: F401
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.compile.blocks import WORKLOADS, make
 
-GPU = "saturn:1"
 ISSUE_TARGET = 1.3  # saturn at least 1.3x faster than eager on every block
 
 
@@ -50,14 +49,8 @@ def _no_op_backend(gm, example_inputs):
 
 
 def main(names: list[str]) -> None:
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    start()
     cuda_sync = torch.cuda.synchronize
-
-    def saturn_sync():
-        torch.saturn.synchronize(GPU)
-
-    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     rows = []
     for name in names:
         model, x = make(name)
