@@ -89,9 +89,9 @@ def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
         (a, b), (c, d) = kids[1], kids[2]
         return (min(a, c), max(b, d))
     if op == "mul" and len(kids) == 2:
-        ends = [x * y for x in kids[0] for y in kids[1]]
         if not all(math.isfinite(v) for v in (*kids[0], *kids[1])):
-            return UNBOUNDED
+            return UNBOUNDED  # an infinite end times 0 has no bound
+        ends = [x * y for x in kids[0] for y in kids[1]]
         return _within((min(ends), max(ends)), limits)
     if op in ("remainder", "floordiv") and len(kids) == 2:  # integers, floored
         (a, b), n = kids[0], _divisor(kids[1])
