@@ -25,7 +25,7 @@ from . import decompositions
 from .constants import lift_constants
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, parse
-from .recipe import InputSpec, Recipe
+from .recipe import CompiledCallError, InputSpec, Recipe
 
 log = logging.getLogger("saturn")
 
@@ -49,6 +49,7 @@ class _Cache:
         self.lock = threading.Lock()
         self.compiles = 0  # graphs compiled (cache misses)
         self.fallbacks: list[str] = []  # reasons graphs ran uncompiled
+        self.failed_calls: list[str] = []  # compiled calls that failed where eager did not
 
     def get(self, key):
         with self.lock:
@@ -142,7 +143,9 @@ def _target(opts: Options, example_inputs) -> torch.device:
     return torch.device(opts.device)
 
 
-def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> CompiledGraph:
+def compile_fx(
+    gm: torch.fx.GraphModule, example_inputs, opts: Options, forward: bool = True
+) -> CompiledGraph:
     device = _target(opts, example_inputs)
     imported = import_graph(gm, replacements=device.index >= 1)
     kinds = _devices_of(example_inputs)
@@ -206,36 +209,41 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs, opts: Options) -> Compi
         ],
         output_spec=spec,
         output_types=[
-            None if m is None else InputSpec(None if m[0] == "size" else TORCH_DTYPES[m[0]], m[1])
+            None
+            if m is None
+            else InputSpec(None, ())
+            if m[0] == "size"
+            else InputSpec(TORCH_DTYPES[m[0]], m[1], m[2])
             for m in imported.output_meta
         ],
+        ownership=compiled.ownership,
         host_calls=imported.host_calls,
         input_names=imported.inputs,
         replay=opts.replay,
         precision=opts.precision,
+        rerun=forward,
     )
     assert len(outs) == k
     if imported.symbols:  # one compile over markers; a concrete recipe per size seen
         from .symbolic import SymbolicRecipe, size_sources
 
         sources = size_sources(gm, imported.symbols)
-        return CompiledGraph(
-            imported, compiled, SymbolicRecipe(recipe, sources, imported.size_values)
-        )
+        recipe = SymbolicRecipe(recipe, sources, imported.size_values, fallback=gm)
+        return CompiledGraph(imported, compiled, recipe)
     recipe.prepare()
     return CompiledGraph(imported, compiled, recipe)
 
 
-def _compiler(opts: Options):
+def _compiler(opts: Options, forward: bool):
     def fw(gm: torch.fx.GraphModule, example_inputs):
         original = gm
         gm, consts = lift_constants(gm)
         example_inputs = [*consts, *example_inputs]
-        key = graph_key(gm, opts)
+        key = (graph_key(gm, opts), forward)
         hit = CACHE.get(key)
         if hit is None:
             try:
-                hit = compile_fx(gm, example_inputs, opts)
+                hit = compile_fx(gm, example_inputs, opts, forward)
             except Exception as e:  # never fail the user's compile: run uncompiled, say why
                 reason = f"{type(e).__name__}: {e}"
                 if not isinstance(e, UnsupportedError | EqsatError | NotImplementedError):
@@ -267,7 +275,34 @@ def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
             "torch.compile(..., options={...})"
         )
     opts = parse(options)
-    fw = _compiler(opts)
-    return aot_autograd(fw_compiler=fw, bw_compiler=fw, decompositions=decompositions.table())(
-        gm, example_inputs
-    )
+    compiled = aot_autograd(
+        fw_compiler=_compiler(opts, forward=True),
+        bw_compiler=_compiler(opts, forward=False),
+        decompositions=decompositions.table(),
+    )(gm, example_inputs)
+    return _rerun_on_failure(compiled, gm)
+
+
+def _rerun_on_failure(compiled, gm: torch.fx.GraphModule):
+    """Dynamo's callable for one captured graph. A forward call that fails compiled (an
+    index out of range found by a kernel, a library plan that raises at run time) runs the
+    captured graph uncompiled, as eager would have run it (docs/decisions/0050): where
+    PyTorch raises too, the caller sees PyTorch's own exception, its type and message; where
+    it does not, PyTorch's result, with the failure logged (a bug to report). The graph's
+    input mutations are applied after the compiled graph returns, so none ran twice."""
+
+    def call(*args):
+        try:
+            return compiled(*args)
+        except CompiledCallError as failed:
+            try:
+                out = gm(*args)
+            except Exception as eager:
+                log.debug("saturn: compiled call failed (%s); PyTorch raises too", failed)
+                raise eager from None
+            CACHE.failed_calls.append(str(failed))
+            log.warning("saturn: a compiled call failed; it ran uncompiled: %s", failed)
+            return out
+
+    call._saturn_compiled = compiled  # tests reach the AOT callable
+    return call

@@ -29,6 +29,7 @@ class GraphReport:
     launches: int
     host_ops: int
     program_text: str
+    copied_outputs: tuple[str, ...] = ()  # outputs given memory of their own at every call
 
     def __str__(self) -> str:
         lines = ["imported graph:", *("  " + ln for ln in self.graph_text.splitlines())]
@@ -42,6 +43,8 @@ class GraphReport:
         width = max((len(n) for n in self.fates), default=0)
         for n, f in self.fates.items():
             lines.append(f"  {n:{width}s}  {'; '.join(f)}")
+        for why in self.copied_outputs:
+            lines.append(f"  copied out at every call: {why}")
         lines.append(
             f"per call: {self.launches} kernel launches, {self.crossings} crossings, "
             f"{self.host_ops} host ops"
@@ -106,6 +109,7 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
         launches=len(prog.kernels),
         host_ops=prog.count("host"),
         program_text=prog.to_text(),
+        copied_outputs=cg.compiled.ownership.why,
     )
 
 

@@ -3,15 +3,15 @@
 A recipe holds everything decided once: the program (steps by value name), the compiled
 kernels by step name, the opaque host calls, the input specs and the output spec. It holds
 no pointer into an FX graph or an e-graph. The executor does only per-call work: move or
-pack boundary inputs (reusing copies of inputs that have not changed), launch kernels, run
-host steps, and rebuild the outputs by the spec, checking their number.
+pack boundary inputs, launch kernels, run
+host steps, and rebuild the outputs by the spec, checking their number and giving an
+output memory of its own where eager's would not share it (saturn.eqsat.ownership).
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +22,7 @@ from saturn.codegen import cpu
 from saturn.eqsat import evaluate as ev
 from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import bits_float
+from saturn.eqsat.ownership import OutputOwnership
 from saturn.eqsat.program import Program, Step
 
 from .eager_kernels import byte_span
@@ -67,10 +68,25 @@ def check_operands(s: Step, operands: list[torch.Tensor]) -> None:
             )
 
 
+class CompiledCallError(Exception):
+    """A compiled call failed (an index out of range, a library plan, a host op): the
+    backend reruns the user's graph uncompiled (docs/decisions/0050)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+class InputMismatchError(RuntimeError):
+    """A call's input is not what the recipe was compiled for (dynamo's guards keep these
+    from reaching a recipe; a direct caller gets this error, never a rerun)."""
+
+
 @dataclass
 class InputSpec:
     dtype: torch.dtype | None  # None: a size input
     shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None  # eager's (outputs); None where not known
 
 
 @dataclass
@@ -78,7 +94,7 @@ class CallStats:
     crossings: int = 0
     launches: int = 0
     host_ops: int = 0
-    input_copies_reused: int = 0
+    outputs_copied: int = 0  # outputs given memory of their own (see _own_outputs)
     replayed: bool = False  # a CUDA-graph replay (outputs checked when captured)
 
 
@@ -96,9 +112,17 @@ class Recipe:
     stream: int = 0  # the device's stream (GPU targets)
     replay: bool = True  # CUDA-graph replay on GPU targets (see gpu_runner)
     precision: str = "fp32"  # float32 GEMMs and convolutions: fp32, tf32 or tf32x3
+    # program outputs that must not be handed out as they are (saturn.eqsat.ownership)
+    ownership: OutputOwnership = field(default_factory=OutputOwnership)
     runner: object = None  # GpuRunner on GPU targets
+    # a call that fails raises CompiledCallError, which the backend answers by running
+    # the user's graph uncompiled (forward graphs; a backward's error propagates as it is)
+    rerun: bool = False
+    failed_calls: int = 0
     last: CallStats = field(default_factory=CallStats)
-    _copies: dict[tuple, tuple] = field(default_factory=dict, repr=False)
+    # graph return positions to copy at every call, and those whose strides are checked
+    _copy_at: tuple[int, ...] = field(default=(), repr=False)
+    _layout_at: tuple[int, ...] = field(default=(), repr=False)
     _position: dict[str, int] = field(default_factory=dict, repr=False)
     _consts: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -118,6 +142,12 @@ class Recipe:
             s.output: order[by_value[s.output]] for s in self.program.steps if s.kind == "input"
         }
         self._consts = {}  # made at the first call: compilation runs under fake tensors
+        at = {k: pos for pos, k in enumerate(self.output_spec) if isinstance(k, int)}
+        own = self.ownership
+        # a GPU runner hands constants out as copies already; the host executor lends them
+        copy = [*own.copy, *(() if self.on_gpu else own.constants)]
+        self._copy_at = tuple(at[k] for k in copy)
+        self._layout_at = tuple(at[k] for k in own.layout)
         if self.on_gpu:
             from .gpu_runner import GpuRunner
 
@@ -133,6 +163,17 @@ class Recipe:
     def __call__(self, args: list) -> list:
         if len(args) != len(self.inputs):
             raise RuntimeError(f"saturn recipe takes {len(self.inputs)} inputs, got {len(args)}")
+        try:
+            return self._run(args)
+        except InputMismatchError:
+            raise
+        except Exception as e:  # an index out of range, a library plan, a host op
+            if self.rerun:
+                self.failed_calls += 1
+                raise CompiledCallError(e) from e
+            raise
+
+    def _run(self, args: list) -> list:
         if self.runner is not None:
             outs = self.runner.replay_fast(args)
             if outs is not None:
@@ -153,11 +194,6 @@ class Recipe:
                     c = const_tensor(s)
                     c = self._consts[s.output] = c.to(self.device) if s.place == "device" else c
                 env[s.output] = c
-            elif s.kind == "crossing" and s.args[0] in position:
-                # an input crossing: reuse the copy while the input is unchanged
-                i = position[s.args[0]]
-                want = self.device if s.op == "ToDev" else torch.device("cpu")
-                env[s.output] = self._copy(("x", i), env[s.args[0]], want, stats)
             else:
                 env[s.output] = self._step(s, env, stats)
         outs = [env[v] for v in self.program.outputs]
@@ -167,10 +203,11 @@ class Recipe:
         """The graph's return tuple from the program's outputs, by the output spec."""
         if stats.replayed and self.io_on_device:  # lent, laid out as the checked first call
             self.last = stats
-            return [
+            results = [
                 outs[idx] if isinstance(idx, int) else None if idx is None else idx[1]
                 for idx in self.output_spec
             ]
+            return self._own_outputs(results, stats)
         results = []
         for idx in self.output_spec:
             if idx is None or isinstance(idx, tuple):  # None, or ("size", value)
@@ -186,7 +223,27 @@ class Recipe:
             results.append(t)
         self._check_outputs(results)
         self.last = stats
+        return self._own_outputs(results, stats)
+
+    def _own_outputs(self, results: list, stats: CallStats) -> list:
+        """Outputs that would share memory with an input, a constant or another output
+        where eager's do not get memory of their own, laid out as eager's; outputs that
+        view memory of their own get eager's strides where theirs differ."""
+        for pos in self._copy_at:
+            results[pos] = self._fresh(results[pos], pos, stats)
+        for pos in self._layout_at:
+            t, want = results[pos], self.output_types[pos].strides
+            if not _same_layout(t, want):
+                results[pos] = self._fresh(t, pos, stats)
         return results
+
+    def _fresh(self, t: torch.Tensor, pos: int, stats: CallStats) -> torch.Tensor:
+        stats.outputs_copied += 1
+        strides = self.output_types[pos].strides
+        if strides is None:
+            return t.clone(memory_format=torch.contiguous_format)
+        out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+        return out.copy_(t)
 
     def _check_outputs(self, results: list) -> None:
         """Each position holds what the graph returns there (a gradient, or None for an
@@ -219,34 +276,29 @@ class Recipe:
         spec = self.inputs[i]
         if spec.dtype is None:  # a size input (symbolic graphs): read, never a tensor
             if not isinstance(t, int | torch.SymInt):
-                raise TypeError(f"saturn recipe input {i} is a size, got {type(t).__name__}")
+                got = type(t).__name__
+                raise InputMismatchError(f"saturn recipe input {i} is a size, got {got}")
             return t
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"saturn recipe input {i} is {type(t).__name__}, not a tensor")
+            raise InputMismatchError(f"saturn recipe input {i} is {type(t).__name__}, not a tensor")
         if t.dtype != spec.dtype or t.shape != spec.shape:
-            raise RuntimeError(
+            raise InputMismatchError(
                 f"saturn recipe input {i}: compiled for {spec.dtype}{list(spec.shape)}, "
                 f"got {t.dtype}{list(t.shape)}"
             )
         want = self.device if self.io_on_device else torch.device("cpu")
         if t.device == want and t.is_contiguous():  # packed (size-1 axes' strides unused)
             return t
-        return self._copy(("in", i), t, want, stats)
+        return self._copy(t, want, stats)
 
-    def _copy(self, slot: tuple, t: torch.Tensor, want: torch.device, stats: CallStats):
-        """A packed copy of ``t`` on ``want``, reused while the source has not changed (same
-        tensor, storage and version counter, held by weak reference): weights stay put."""
-        key = (id(t), t.data_ptr(), t._version)
-        with self._lock:
-            cached = self._copies.get(slot)
-            if cached is not None and cached[0]() is t and cached[1] == key:
-                stats.input_copies_reused += 1
-                return cached[2]
-        out = t.to(want).contiguous()
+    @staticmethod
+    def _copy(t: torch.Tensor, want: torch.device, stats: CallStats) -> torch.Tensor:
+        """A packed copy of ``t`` on ``want``, made at every call: no check can see every
+        write to an input (``.data``, numpy, DLPack and C extensions bump no version
+        counter), so a copy is never reused (docs/decisions/0049). Inputs already packed
+        where the program reads them are read in place."""
         stats.crossings += t.device != want
-        with self._lock:
-            self._copies[slot] = (weakref.ref(t), key, out)
-        return out
+        return t.to(want).contiguous()
 
     def _step(self, s: Step, env: dict, stats: CallStats):
         if s.kind == "crossing":
@@ -314,6 +366,13 @@ class Recipe:
             raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")
         dest.copy_(r)
         return out
+
+
+def _same_layout(t: torch.Tensor, strides: tuple[int, ...] | None) -> bool:
+    """``t`` has these strides on every axis longer than 1 (packed when they are None)."""
+    if strides is None:
+        return t.is_contiguous()
+    return all(n < 2 or a == b for n, a, b in zip(t.shape, t.stride(), strides, strict=True))
 
 
 def _traced_float(r, dtype: str):

@@ -15,12 +15,14 @@ A size used as a value in arithmetic on tensors (``x * x.shape[0]``, ``x.sum(1) 
 an int64 0-d input of the program, made at each call from the size's expression.
 
 Limits (the graph then runs uncompiled, with the reason logged): a size passed to an op
-kept as a host call, more symbols than markers, a symbol that no input carries alone.
+kept as a host call, more symbols than markers, a symbol that no input carries alone. A
+Python int used as an extent that arrives below 2 runs that one call uncompiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 
@@ -31,6 +33,7 @@ from saturn.eqsat.program import Operand, Program
 from .importer import MARKERS, UnsupportedError
 from .recipe import InputSpec, Recipe
 
+log = logging.getLogger("saturn")
 KEEP = 16  # concrete recipes kept per symbolic recipe
 _LOWEST = min(MARKERS)
 
@@ -109,17 +112,53 @@ def size_sources(gm: torch.fx.GraphModule, symbols: dict[str, int]) -> list[Size
     return [found[s] for s in sorted(found)]
 
 
+def extent_markers(recipe: Recipe) -> set[int]:
+    """The markers that are a factor of some extent of the recipe: a shape, a domain, a
+    view's or an Arange's sizes, an input's or an output's type, a size it returns. A
+    symbol whose marker is in none is used only as a value (``x * k`` for a Python int k)."""
+    found: set[int] = set()
+
+    def note(x) -> None:
+        if isinstance(x, tuple | list):
+            for e in x:
+                note(e)
+        elif isinstance(x, int) and not isinstance(x, bool) and x >= _LOWEST:
+            found.update(m for m in MARKERS if x % m == 0)
+
+    for st in recipe.program.steps:
+        note(st.shape)
+        if st.kind == "view" or (st.kind == "const" and st.op == "Arange"):
+            note(st.attrs)
+        if st.kernel is not None:
+            note((st.kernel.shape, st.kernel.domain, [o.shape for o in st.kernel.inputs]))
+    for spec in [*recipe.inputs, *recipe.output_types]:
+        if spec is not None:
+            note((spec.shape, spec.strides or ()))
+    note([o[1] for o in recipe.output_spec if isinstance(o, tuple)])
+    return found
+
+
 class SymbolicRecipe:
-    """A recipe over markers; calls run a concrete recipe for the call's sizes."""
+    """A recipe over markers; calls run a concrete recipe for the call's sizes.
+
+    Dynamo hands a graph over symbols only sizes of 2 or more for tensor dimensions (it
+    specialises 0 and 1), but a Python int (an argument, a closure cell) can take any
+    value: a symbol used only as a value takes any int; one that is also an extent and
+    arrives below 2 runs that call through ``fallback`` (the graph uncompiled), where
+    broadcasting and empty tensors follow PyTorch's own rules."""
 
     def __init__(
         self,
         template: Recipe,
         sources: list[SizeSource],
         size_values: list[tuple[str, object]] = (),
+        fallback=None,
     ):
         self.template = template
         self.sources = sources
+        self.fallback = fallback  # boxed call of the uncompiled graph
+        self.fallback_calls = 0
+        self.extents = extent_markers(template)
         # sizes used as values: leading inputs, an expression over the symbols each
         self.size_values = [expr for _, expr in size_values]
         self.markers = {s.symbol: s.marker for s in sources}
@@ -130,14 +169,15 @@ class SymbolicRecipe:
         self.lock = threading.Lock()
         self.latest: Recipe | None = None
 
-    def sizes(self, args: list) -> dict[int, int]:
+    def sizes(self, args: list) -> dict[int, int] | None:
+        """The call's value of each symbol; None where an extent's symbol is below 2."""
         out = {}
         for src in self.sources:
             a = args[src.position]
             v = a if src.dim is None else a.shape[src.dim]
             v = int(v)
-            if v < 2:  # dynamo specialises 0 and 1; a graph over symbols never sees them
-                raise RuntimeError(f"symbolic size {src.symbol} = {v}: expected at least 2")
+            if v < 2 and src.marker in self.extents:
+                return None
             out[src.marker] = v
         return out
 
@@ -153,7 +193,8 @@ class SymbolicRecipe:
         def spec(s: InputSpec | None) -> InputSpec | None:
             if s is None or s.dtype is None:
                 return s
-            return InputSpec(s.dtype, tuple(substitute(d, sizes) for d in s.shape))
+            strides = None if s.strides is None else tuple(substitute(d, sizes) for d in s.strides)
+            return InputSpec(s.dtype, tuple(substitute(d, sizes) for d in s.shape), strides)
 
         r = Recipe(
             program=instantiate(t.program, sizes),
@@ -169,6 +210,8 @@ class SymbolicRecipe:
             input_names=list(t.input_names),
             replay=t.replay,
             precision=t.precision,
+            ownership=t.ownership,
+            rerun=t.rerun,
         )
         r.prepare()
         with self.lock:
@@ -202,6 +245,13 @@ class SymbolicRecipe:
         if len(args) != want:
             raise RuntimeError(f"saturn recipe takes {want} inputs, got {len(args)}")
         sizes = self.sizes(args)
+        if sizes is None:
+            if self.fallback is None:
+                raise RuntimeError("saturn: a symbolic extent below 2 and no uncompiled graph")
+            if not self.fallback_calls:
+                log.info("saturn: a size below 2 in an extent: this call runs uncompiled")
+            self.fallback_calls += 1
+            return list(self.fallback(*args))
         r = self.for_sizes(sizes)
         self.latest = r
         return r([*self.values(sizes), *args] if self.size_values else args)

@@ -12,6 +12,7 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
+from .ownership import OutputOwnership, output_ownership
 from .program import (
     Program,
     fuse_row_takes,
@@ -32,6 +33,7 @@ class Compiled:
     model: CostModel
     program: Program
     cost: float  # the extracted program's cost, microseconds per call
+    ownership: OutputOwnership  # outputs a call copies out (see saturn.eqsat.ownership)
 
 
 def compile_graph(
@@ -58,7 +60,10 @@ def compile_graph(
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
-    return Compiled(graph, sat, report, view, model, program, program_cost(best, roots))
+    # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
+    ownership = output_ownership(graph, program)
+    cost = program_cost(best, roots)
+    return Compiled(graph, sat, report, view, model, program, cost, ownership)
 
 
 def device_twin(view: EGraphView, cid: int, place: dict[int, str]) -> int:
