@@ -103,7 +103,11 @@ def reduce_source(k: Kernel, fn: str) -> str:
     pre = [f"{names[i]}_v = {names[i]}[{idx}]" for i in range(len(k.inputs))]
     v, _ = body.emit(k.body)
     lines += [ind + line for line in pre + body.lines]
-    if kind in ("sum", "mean"):
+    if kind in ("sum", "mean", "prod") and red_dtype not in ot.FLOATS:
+        # int64 accumulation wraps as PyTorch's does (LLVM may not assume it cannot)
+        op = "mul" if kind == "prod" else "add"
+        lines.append(f"{ind}acc = {op}_i64(acc, np.int64({v}))")
+    elif kind in ("sum", "mean"):
         lines.append(f"{ind}acc += {v}")
     elif kind == "prod":
         lines.append(f"{ind}acc *= {v}")

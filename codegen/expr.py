@@ -58,12 +58,90 @@ _CUDA_ROUNDING = {
 }
 
 
-def helpers(decorator: str, target: str = "numpy") -> str:
-    """NaN-propagating max and min (as torch.maximum/minimum), and the rounding functions
-    (``floor_f32`` ... ``rint_f64``), as functions under ``decorator`` (a Numba njit or CUDA
-    device-function decorator line). ``target`` "cuda" spells rounding for CUDA device code,
-    "numpy" for the CPU and the CUDA simulator."""
+# Float to integer conversion, as each platform's eager PyTorch does it where the value
+# does not fit (C++ leaves it undefined, and so does LLVM's fptosi, whose result Numba
+# would hand on as poison): written out with comparisons, so the result is the same
+# whatever the optimiser does. "x86" (saturn:0, PyTorch's CPU kernels): truncation, and
+# the integer indefinite (the lowest int32, or int64) for NaN and out-of-range values;
+# int8, int16 and uint8 go through int32 and keep its low bits. "cuda" (PyTorch's CUDA
+# kernels, cvt.rzi): saturation to the type's range, NaN to 0 (int32) or to the lowest
+# int64; the narrow types go through int32 and keep its low bits (measured on the H200
+# against eager CUDA, decision 0051).
+INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
+NARROW_INTS = ("u8", "i8", "i16")
+
+
+def float_to_int(target_dtype: str, ft: str) -> str:
+    """The helper converting a float of compute type ``ft`` to ``target_dtype``."""
+    return f"to_{target_dtype}_{ft}"
+
+
+def cast_helpers(decorator: str, semantics: str) -> str:
     out = []
+    for ft in ("f32", "f64"):
+        t = NUMBA_TYPE[ft]
+        for it in ("i32", "i64"):
+            lo, hi = INT_RANGE[it]
+            it_t = NUMBA_TYPE[it]
+            # the range test in the compute type: 2^31 and 2^63 are exact in both, and
+            # -2^31 - 1 exists only in float64 (in float32 the test is x >= -2^31)
+            above = f"x < {t}({float(hi + 1)!r})"
+            below = (
+                f"x > {t}({float(lo - 1)!r})"
+                if it == "i32" and ft == "f64"
+                else f"x >= {t}({float(lo)!r})"
+            )
+            if semantics == "x86":
+                body = (
+                    f"    if {below} and {above}:\n        return {it_t}(x)\n"
+                    f"    return {it_t}({lo})\n"
+                )
+            else:
+                nan = 0 if it == "i32" else lo  # cvt.rzi.s64 gives the lowest int64
+                body = (
+                    f"    if x != x:\n        return {it_t}({nan})\n"
+                    f"    if not {above}:\n        return {it_t}({hi})\n"
+                    f"    if not {below}:\n        return {it_t}({lo})\n"
+                    f"    return {it_t}(x)\n"
+                )
+            out.append(f"\n{decorator}\ndef {float_to_int(it, ft)}(x):\n{body}")
+        for nt in NARROW_INTS:
+            out.append(
+                f"\n{decorator}\ndef {float_to_int(nt, ft)}(x):\n"
+                f"    return {NUMBA_TYPE[nt]}({float_to_int('i32', ft)}(x))\n"
+            )
+    return "".join(out)
+
+
+def int_helpers(decorator: str) -> str:
+    """Integer arithmetic that wraps in its type, two's complement, as PyTorch's does:
+    8-, 16- and 32-bit operands are widened to int64, where no sum, difference or product
+    of two of them overflows, and truncated back (LLVM's trunc: the low bits); int64 goes
+    through uint64, whose overflow is defined (modulo 2^64), and back. ``wrap_<t>`` is the
+    truncation alone (a floored ``%`` or ``//`` computed wider)."""
+    out = []
+    for it in ("u8", "i8", "i16", "i32", "i64"):
+        t = NUMBA_TYPE[it]
+        w = "np.uint64" if it == "i64" else "np.int64"
+        for name, op in (("add", "+"), ("sub", "-"), ("mul", "*")):
+            out.append(
+                f"\n{decorator}\ndef {name}_{it}(a, b):\n    return {t}({w}(a) {op} {w}(b))\n"
+            )
+        out.append(f"\n{decorator}\ndef neg_{it}(a):\n    return {t}({w}(0) - {w}(a))\n")
+        out.append(
+            f"\n{decorator}\ndef abs_{it}(a):\n    return a if a >= {t}(0) else neg_{it}(a)\n"
+        )
+        out.append(f"\n{decorator}\ndef wrap_{it}(a):\n    return {t}(a)\n")
+    return "".join(out)
+
+
+def helpers(decorator: str, target: str = "numpy", casts: str = "x86") -> str:
+    """NaN-propagating max and min (as torch.maximum/minimum), the rounding functions
+    (``floor_f32`` ... ``rint_f64``) and float-to-integer conversions (``to_i32_f32`` ...,
+    with ``casts`` semantics: "x86" or "cuda"), as functions under ``decorator`` (a Numba
+    njit or CUDA device-function decorator line). ``target`` "cuda" spells rounding for
+    CUDA device code, "numpy" for the CPU and the CUDA simulator."""
+    out = [cast_helpers(decorator, casts), int_helpers(decorator)]
     for name, cmp in (("max_nan", ">"), ("min_nan", "<")):
         out.append(
             f"\n{decorator}\ndef {name}(a, b):\n    if a != a:\n        return a\n"
@@ -167,12 +245,16 @@ class BodyWriter:
         if e[0] == "const":
             return literal(bits_float(e[1]), e[2]), e[2]
         if e[0] == "cast":
-            v, _ = self.emit(e[1])
+            v, src = self.emit(e[1])
             name = self.fresh("cast")
             if e[2] in ("f16", "bf16"):  # held in float32, rounded to the half type
                 self.lines.append(f"{name} = {e[2]}_round({v})")
                 return name, "f32"
-            self.lines.append(f"{name} = {NUMBA_TYPE[e[2]]}({v})")
+            if src in ot.FLOATS and e[2] in ot.INTS:  # defined where it does not fit
+                ft = "f64" if src == "f64" else "f32"
+                self.lines.append(f"{name} = {float_to_int(e[2], ft)}({v})")
+            else:
+                self.lines.append(f"{name} = {NUMBA_TYPE[e[2]]}({v})")
             return name, e[2]
         row = ot.op({o.name.lower(): o.name for o in ot.elementwise()}[e[0]])
         args = [self.emit(c) for c in e[1:]]
@@ -181,7 +263,7 @@ class BodyWriter:
         consts = {k: literal(v, const_t) for k, v in NAMED.items()}
         ft = "f64" if const_t == "f64" else "f32"  # the compute type's rounding helpers
         template = row.int_expr if row.int_expr and const_t in ot.INTS else row.expr
-        code = template.format(*[a for a, _ in args], **consts, cast="", ft=ft)
+        code = template.format(*[a for a, _ in args], **consts, cast="", ft=ft, it=const_t)
         name = self.fresh(row.name.lower())
         self.lines.append(f"{name} = {code}")
         return name, dtype

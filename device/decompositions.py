@@ -193,13 +193,31 @@ def scatter_add(x, dim: int, index, src):
     return torch.index_put(x.reshape(-1), (flat,), picked, accumulate=True).view(x.shape)
 
 
+def _no_wrap(core):
+    """PyTorch's ``core`` decomposition (``index_add``, ``index_copy``: an ``index_put``)
+    with the index's negatives sent past the indexed axis. Those ops raise on a negative
+    index where ``index_put`` wraps it, so without this a compiled ``index_add`` of -1
+    would add into the last row: now the row add (or PyTorch's ``index_put`` on the host)
+    raises, and the call reruns uncompiled to raise PyTorch's own error (decision 0050).
+    In-range indices are untouched, so results are the same bits."""
+
+    def decomposition(x, dim: int, index, source, *args, **kwargs):
+        size = x.shape[dim] if x.dim() else 1
+        return core(x, dim, index.masked_fill(index < 0, size), source, *args, **kwargs)
+
+    return decomposition
+
+
 def table() -> dict:
     keep = kept_whole()
+    core = core_aten_decompositions()
     out = {
         op: fn
-        for op, fn in core_aten_decompositions().items()
+        for op, fn in core.items()
         if isinstance(op, torch._ops.OpOverload) and str(op) not in keep
     }
+    for op in (torch.ops.aten.index_add.default, torch.ops.aten.index_copy.default):
+        out[op] = _no_wrap(core[op])
     out[torch.ops.aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     out[torch.ops.aten.embedding_dense_backward.default] = embedding_dense_backward
     out[torch.ops.aten.gather.default] = gather

@@ -58,7 +58,8 @@ class Imported:
     inputs: list[str | None]  # graph node name per placeholder (None: a size input)
     input_meta: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # dtype, shape, strides
     outputs: list  # graph node name per output position, None, or ("size", value)
-    output_meta: list[tuple[str, tuple[int, ...]] | None]  # (dtype, shape) per position
+    # (dtype, shape, strides) per position; ("size", ()) for a size, None for None
+    output_meta: list[tuple | None]
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
     custom_nodes: dict[str, int] = field(default_factory=dict)  # placed as Custom kernels
@@ -92,6 +93,24 @@ def _marker_of(sym) -> int:
     return table[sym]
 
 
+def _symbolic(v: int) -> bool:
+    """``v`` is an imported extent holding a symbol (a multiple of a marker)."""
+    return v >= min(MARKERS) and any(v % m == 0 for m in MARKERS)
+
+
+def _monomial(expr) -> bool:
+    """``expr`` is an integer times a product of symbols (powers included)."""
+    import sympy
+
+    if len(sympy.Add.make_args(expr)) != 1:
+        return False
+    for f in sympy.Mul.make_args(expr):
+        base, exp = f.as_base_exp()
+        if not (f.is_Integer or (base.is_Symbol and exp.is_Integer and exp > 0)):
+            return False
+    return True
+
+
 def concrete(x) -> int:
     """An int, or a SymInt with each symbol replaced by its marker."""
     if isinstance(x, int):
@@ -101,6 +120,10 @@ def concrete(x) -> int:
         table = getattr(_symbols, "table", None)
         if table is None:
             raise UnsupportedError(f"symbolic size {x} outside an import")
+        if not _monomial(expr):
+            # substitution replaces marker factors: a sum or a quotient of symbols would
+            # keep a marker-sized extent at the call
+            raise UnsupportedError(f"size {x} is not a product of symbols and integers")
         subs = {sym: _marker_of(sym) for sym in sorted(expr.free_symbols, key=str)}
         v = expr.subs(subs)
         if not v.is_Integer:
@@ -745,7 +768,25 @@ def _h_index(imp: _Importer, node: torch.fx.Node):
     if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
         return None
     table, index = imp.env[x.name], imp.env[indices[0].name]
+    tn, inn = imp.g.nodes[table], imp.g.nodes[index]
+    if not tn.shape or inn.dtype not in ot.INDEX_DTYPES:
+        return None
+    index = _wrapped(imp, index, tn.shape[0])
     return _take_rows(imp, table, index, node.name, _tensor_type(node)[1], node.name)
+
+
+def _wrapped(imp: _Importer, index: str, rows: int) -> str:
+    """Advanced indexing's index with negatives counted from the end (``x[-1]`` is the last
+    row): ``where(i < 0, i + rows, i)``. An index below ``-rows`` stays negative and the take
+    raises, as PyTorch does; ``embedding`` and ``index_select`` do not wrap and skip this."""
+    n = imp.g.nodes[index]
+    if n.op == "Arange" and n.attrs[0] >= 0 and n.attrs[1] >= 0:
+        return index  # no negative entry (a Slice view when in range: see _take_rows)
+    dtype, shape = n.dtype, n.shape
+    zero, size = imp.scalar(0, dtype), imp.scalar(rows, dtype)
+    neg = imp.add(Node(imp.fresh("negative"), "Lt", (index, zero), (), "bool", shape))
+    up = imp.add(Node(imp.fresh("from_end"), "Add", (index, size), (), dtype, shape))
+    return imp.add(Node(imp.fresh("wrapped"), "Where", (neg, up, index), (), dtype, shape))
 
 
 def _h_index_put(imp: _Importer, node: torch.fx.Node):
@@ -1023,6 +1064,12 @@ def _h_slice(imp: _Importer, node: torch.fx.Node):
     def clamp(v, default):
         if v is None:
             return default
+        if v >= 1 << 62:  # "to the end" (sys.maxsize): past any extent
+            return size
+        symbolic_v, symbolic_size = _symbolic(v), _symbolic(size)
+        if (symbolic_v and v != size) or (symbolic_size and not symbolic_v and not 0 <= v <= 2):
+            # a clamp whose outcome depends on the sizes (a symbolic extent is at least 2)
+            raise UnsupportedError(f"{node.name}: slice bound {v} of an extent {size}")
         v = v + size if v < 0 else v
         return min(max(v, 0), size)
 
@@ -1425,14 +1472,39 @@ def _h_convolution(imp: _Importer, node: torch.fx.Node):
 
 
 def _h_pow(imp: _Importer, node: torch.fx.Node):
+    """x ** e. A number exponent PyTorch's kernels special-case (CPU and CUDA alike) is
+    imported as what they compute, which is not C's pow at the edges: 0.5 is sqrt
+    ((-inf) ** 0.5 is NaN, (-0.0) ** 0.5 is -0.0), -0.5 is rsqrt, 2 and 3 are products, -1
+    the reciprocal, -2 the reciprocal of the square. float32 and float64 only: PyTorch's CPU
+    kernel computes C's pow for the half types."""
     dtype, shape = _tensor_type(node)
     if dtype not in ot.FLOATS:
         return None
     x, e = node.args
+    special = type(e) in (int, float) and e in _POW_AS and dtype in ("f32", "f64")
+    if isinstance(x, torch.fx.Node) and special:
+        xn = imp.operand(x, dtype)
+
+        def ew(op, *args):
+            return imp.add(Node(imp.fresh(op.lower()), op, args, (), dtype, shape))
+
+        out = {
+            0.5: lambda: ew("Sqrt", xn),
+            -0.5: lambda: ew("Rsqrt", xn),
+            2: lambda: ew("Mul", xn, xn),
+            3: lambda: ew("Mul", ew("Mul", xn, xn), xn),
+            -1: lambda: ew("Reciprocal", xn),
+            -2: lambda: ew("Reciprocal", ew("Mul", xn, xn)),
+        }[e]()
+        imp.fx_names[out] = node.name
+        return out
     return imp.add(
         Node(node.name, "Pow", (imp.operand(x, dtype), imp.operand(e, dtype)), (), dtype, shape),
         node.name,
     )
+
+
+_POW_AS = (0.5, -0.5, 2, 3, -1, -2)
 
 
 def _h_copy(imp: _Importer, node: torch.fx.Node):
@@ -1618,9 +1690,10 @@ def _h_bitwise_not(imp: _Importer, node: torch.fx.Node):
 
 
 def _h_clamp(kind: str):
-    """clamp(x, lo, hi) / clamp_min / clamp_max with number bounds = minimum(maximum(x, lo),
-    hi), NaN-propagating like PyTorch's clamp; lo > hi gives hi everywhere, as PyTorch.
-    Declined when a bound is a tensor or would change the result's dtype."""
+    """clamp(x, lo, hi) / clamp_min / clamp_max with number bounds = ClampMax(ClampMin(x,
+    lo), hi): x kept on a tie (-0.0 stays -0.0), NaN-propagating like PyTorch's clamp;
+    lo > hi gives hi everywhere, as PyTorch. Declined when a bound is a tensor or would
+    change the result's dtype."""
 
     def handler(imp: _Importer, node: torch.fx.Node):
         xn = imp.g.nodes[imp.env[node.args[0].name]]
@@ -1639,7 +1712,7 @@ def _h_clamp(kind: str):
 
 
 def _clamped(imp: _Importer, node: torch.fx.Node, xn: Node, lo, hi) -> str | None:
-    """minimum(maximum(x, lo), hi) for number bounds (either may be None), named for
+    """ClampMax(ClampMin(x, lo), hi) for number bounds (either may be None), named for
     ``node``; None where a bound is a tensor, changes the dtype or lies outside it."""
     dtype, shape = _tensor_type(node)
     if dtype != xn.dtype or (lo is None and hi is None):
@@ -1651,7 +1724,7 @@ def _clamped(imp: _Importer, node: torch.fx.Node, xn: Node, lo, hi) -> str | Non
         if not all(v is None or info.min <= v <= info.max for v in (lo, hi)):
             return None
     out = xn.name
-    for v, op in ((lo, "Maximum"), (hi, "Minimum")):
+    for v, op in ((lo, "ClampMin"), (hi, "ClampMax")):
         if v is not None:
             out = _ew_node(imp, op, (out, v), dtype, shape)
     imp.fx_names[out] = node.name
@@ -1999,7 +2072,9 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
                     out_meta.append(("size", ()))
                 elif isinstance(o, torch.fx.Node):
                     outputs.append(imp.env[o.name])
-                    out_meta.append(_tensor_type(o))
+                    # eager's strides: an output the program views is laid out as eager's
+                    strides = tuple(concrete(s) for s in _meta(o).stride())
+                    out_meta.append((*_tensor_type(o), strides))
                 elif isinstance(o, int):
                     outputs.append(("size", o))
                     out_meta.append(("size", ()))

@@ -166,8 +166,10 @@ class Op:
     flops: int = 1  # arithmetic per output element, for the cost model
     doc: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
-    # scalar expression for integer operands, where it differs from ``expr`` (the
-    # CONSTANT_DIVISOR ops: Python's floored ``%`` and ``//``, which Numba compiles as is)
+    # scalar expression for integer operands, where it differs from ``expr``: arithmetic
+    # that wraps in the operands' type as PyTorch's does (``add_i32`` ..., codegen.expr's
+    # helpers; Numba would widen int32 to int64 and fold int64 overflow away), and the
+    # CONSTANT_DIVISOR ops' Python-floored ``%`` and ``//``
     int_expr: str | None = None
 
     @property
@@ -244,6 +246,18 @@ def _max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.minimum(a, b)
+
+
+def _clamp_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # torch.clamp: std::max(x, lo) keeps x unless x < lo (so -0.0 stays -0.0 against 0.0)
+    # and a NaN bound makes NaN
+    b = np.broadcast_to(b, np.broadcast_shapes(a.shape, b.shape))
+    return np.where((a < b) | (b != b), b, a).astype(a.dtype)
+
+
+def _clamp_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    b = np.broadcast_to(b, np.broadcast_shapes(a.shape, b.shape))
+    return np.where((a > b) | (b != b), b, a).astype(a.dtype)
 
 
 def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -388,8 +402,24 @@ OPS: tuple[Op, ...] = (
         "every value exact in dtype",
     ),
     # elementwise, unary
-    _ew("Neg", 1, "-{0}", _unary(np.negative), DEVICE_NUMERIC, ("aten.neg.default",)),
-    _ew("Abs", 1, "abs({0})", _unary(np.abs), DEVICE_NUMERIC, ("aten.abs.default",)),
+    _ew(
+        "Neg",
+        1,
+        "-{0}",
+        _unary(np.negative),
+        DEVICE_NUMERIC,
+        ("aten.neg.default",),
+        int_expr="neg_{it}({0})",
+    ),
+    _ew(
+        "Abs",
+        1,
+        "abs({0})",
+        _unary(np.abs),
+        DEVICE_NUMERIC,
+        ("aten.abs.default",),
+        int_expr="abs_{it}({0})",
+    ),
     _ew("Exp", 1, "math.exp({0})", _unary(np.exp), aten=("aten.exp.default",), flops=4),
     _ew("Log", 1, "math.log({0})", _unary(np.log), aten=("aten.log.default",), flops=4),
     _ew("Sqrt", 1, "math.sqrt({0})", _unary(np.sqrt), aten=("aten.sqrt.default",), flops=2),
@@ -464,6 +494,7 @@ OPS: tuple[Op, ...] = (
         _binary(np.add),
         DEVICE_NUMERIC,
         ("aten.add.Tensor", "aten.add.Scalar"),
+        int_expr="add_{it}({0}, {1})",
     ),
     _ew(
         "Sub",
@@ -472,6 +503,7 @@ OPS: tuple[Op, ...] = (
         _binary(np.subtract),
         DEVICE_NUMERIC,
         ("aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar"),
+        int_expr="sub_{it}({0}, {1})",
     ),
     _ew(
         "Mul",
@@ -480,6 +512,7 @@ OPS: tuple[Op, ...] = (
         _binary(np.multiply),
         DEVICE_NUMERIC,
         ("aten.mul.Tensor", "aten.mul.Scalar"),
+        int_expr="mul_{it}({0}, {1})",
     ),
     _ew(
         "Div", 2, "{0} / {1}", _div, DEVICE_FLOATS, ("aten.div.Tensor", "aten.div.Scalar"), flops=2
@@ -502,7 +535,7 @@ OPS: tuple[Op, ...] = (
         DEVICE_NUMERIC,  # integers by a constant divisor only (CONSTANT_DIVISOR)
         aten=("aten.remainder.Tensor", "aten.remainder.Scalar"),
         flops=10,
-        int_expr="{0} % {1}",
+        int_expr="wrap_{it}({0} % {1})",
     ),
     _ew(
         "FloorDiv",
@@ -512,7 +545,7 @@ OPS: tuple[Op, ...] = (
         DEVICE_NUMERIC,  # integers by a constant divisor only (CONSTANT_DIVISOR)
         aten=("aten.floor_divide.default",),
         flops=14,
-        int_expr="{0} // {1}",
+        int_expr="wrap_{it}({0} // {1})",
     ),
     _ew(
         "Atan2",
@@ -527,6 +560,24 @@ OPS: tuple[Op, ...] = (
     ),
     _ew(
         "Minimum", 2, "min_nan({0}, {1})", _binary(_min), DEVICE_NUMERIC, ("aten.minimum.default",)
+    ),
+    # torch.clamp's bounds (x, then the bound): x is kept on a tie, unlike maximum and
+    # minimum, whose zero ties PyTorch's own kernels resolve differently per path
+    _ew(
+        "ClampMin",
+        2,
+        "({1} if ({0} < {1} or {1} != {1}) else {0})",
+        _binary(_clamp_min),
+        DEVICE_NUMERIC,
+        flops=2,
+    ),
+    _ew(
+        "ClampMax",
+        2,
+        "({1} if ({0} > {1} or {1} != {1}) else {0})",
+        _binary(_clamp_max),
+        DEVICE_NUMERIC,
+        flops=2,
     ),
     _ew(
         "Pow",

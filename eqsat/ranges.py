@@ -100,10 +100,10 @@ def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
         if op == "remainder":
             return (a, b) if 0 <= a and b < n else (0.0, float(n - 1))
         return (_floor_div(a, n), _floor_div(b, n))
-    if op == "minimum" and len(kids) == 2:
+    if op in ("minimum", "clampmax") and len(kids) == 2:
         (a, b), (c, d) = kids
         return (min(a, c), min(b, d))
-    if op == "maximum" and len(kids) == 2:
+    if op in ("maximum", "clampmin") and len(kids) == 2:
         (a, b), (c, d) = kids
         return (max(a, c), max(b, d))
     if op == "add" and len(kids) == 2:
