@@ -145,6 +145,7 @@ class _Importer:
     def __init__(self, gm: torch.fx.GraphModule, replacements: bool = False):
         self.gm = gm
         self.replacements = replacements  # custom ops replacing ATen ops (GPU targets)
+        self.gpu = replacements  # a GPU target: its kernels decide edge-case semantics
         self.g = Graph()
         self.env: dict[str, str] = {}  # FX node name -> graph node name
         self.host_calls: dict[str, HostCall] = {}
@@ -1475,13 +1476,15 @@ def _h_pow(imp: _Importer, node: torch.fx.Node):
     """x ** e. A number exponent PyTorch's kernels special-case (CPU and CUDA alike) is
     imported as what they compute, which is not C's pow at the edges: 0.5 is sqrt
     ((-inf) ** 0.5 is NaN, (-0.0) ** 0.5 is -0.0), -0.5 is rsqrt, 2 and 3 are products, -1
-    the reciprocal, -2 the reciprocal of the square. float32 and float64 only: PyTorch's CPU
-    kernel computes C's pow for the half types."""
+    the reciprocal, -2 the reciprocal of the square. Which dtypes, per target (measured on
+    torch's CPU kernels; CUDA's pow_tensor_scalar_kernel from its source): the GPU
+    special-cases every float dtype; the CPU float32, float64 and bfloat16, but computes
+    C's pow for float16."""
     dtype, shape = _tensor_type(node)
     if dtype not in ot.FLOATS:
         return None
     x, e = node.args
-    special = type(e) in (int, float) and e in _POW_AS and dtype in ("f32", "f64")
+    special = type(e) in (int, float) and e in _POW_AS and (imp.gpu or dtype != "f16")
     if isinstance(x, torch.fx.Node) and special:
         xn = imp.operand(x, dtype)
 
