@@ -209,4 +209,21 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// Whether `from`'s TensorImpl may be shallow-copied into `self` (`self.data = from`, and
+// Module._apply's choice between keeping a Parameter and making a new one). PyTorch's
+// answer counts only its own dense backends, so `model.to("saturn:N")` made new
+// Parameters and untied shared weights; a saturn tensor is a plain dense TensorImpl like
+// theirs. Dispatched here only when one of the two is a saturn tensor.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](c10::DispatchKeySet ks) {
+    constexpr auto backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit,
+         c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+  };
+  const auto a = self.key_set(), b = from.key_set();
+  return a == b || (dense(a) && dense(b) && !self.is_sparse() && !from.is_sparse() &&
+                    self.layout() == c10::kStrided && from.layout() == c10::kStrided);
+}
+
 }  // namespace saturn

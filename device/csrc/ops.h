@@ -29,5 +29,6 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source);
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source);
 at::Tensor& set_empty(at::Tensor& self);
 at::Scalar local_scalar_dense(const at::Tensor& self);
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from);
 
 }  // namespace saturn

@@ -88,6 +88,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   // views with per-device kernels (the rest are composite): PyTorch's own, which only
   // restride the storage; the CPU fallback would return a copy, and writes through it
   // would be lost
