@@ -23,7 +23,10 @@ def _aten(name: str):
 
 
 def _layer_norm(x, w, b, dims, eps_bits):
+    """A missing weight or bias is imported as the scalar 1 or -0.0 (exact stand-ins);
+    PyTorch's kernel takes them at the normalized shape."""
     shape = [x.shape[d] for d in dims]
+    w, b = (t.expand(shape) if list(t.shape) != shape else t for t in (w, b))
     return torch.ops.aten.native_layer_norm.default(x, shape, w, b, bits_float(eps_bits))[0]
 
 

@@ -15,8 +15,10 @@ DEV = "saturn:0"
 def compile_and_compare(model_or_fn, *inputs, rtol=1e-5, atol=1e-5, options=None):
     """Run eagerly on the CPU and compiled on saturn:0; return (compiled output, recipe).
 
-    Also checks that the compiled call ran no op through the CPU fallback."""
+    Also checks that the compiled call ran no op through the CPU fallback and that no call
+    failed and reran uncompiled."""
     torch._dynamo.reset()
+    failed = len(backend.CACHE.failed_calls)
     cpu_fn = model_or_fn
     dev_fn = model_or_fn
     if isinstance(model_or_fn, torch.nn.Module):
@@ -31,6 +33,7 @@ def compile_and_compare(model_or_fn, *inputs, rtol=1e-5, atol=1e-5, options=None
         got = compiled(*dev_inputs)
         after = saturn.fallback_counts()
     assert after == before, f"the compiled call used the CPU fallback: {after} vs {before}"
+    assert backend.CACHE.failed_calls[failed:] == [], "a compiled call failed and reran"
     wants = want if isinstance(want, tuple | list) else (want,)
     gots = got if isinstance(got, tuple | list) else (got,)
     for w, g in zip(wants, gots, strict=True):

@@ -13,6 +13,8 @@ from saturn import backend
 
 from .helpers import DEV, compile_and_compare, last_compiled
 
+nnf = torch.nn.functional
+
 
 def host_ops(prog) -> list[str]:
     return [s.op.split("#")[0] for s in prog.steps if s.kind == "host"]
@@ -990,3 +992,27 @@ def test_argmax_over_all_axes_kept_stays_the_op():
     x = special((3, 4), seed=24)
     compile_and_compare(lambda x: torch.argmax(x, keepdim=True) + 1, x)
     assert host_ops(last_compiled().compiled.program) == ["aten.argmax.default"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_norms_without_a_weight_or_a_bias(dtype, affine):
+    """A missing weight or bias is an exact stand-in (1 or -0.0), on the device and in
+    PyTorch's own kernel where the norm is a host op (half types on saturn:0): layer norm,
+    group norm, nn.LayerNorm(bias=False)."""
+    g = torch.Generator().manual_seed(1)
+    x = special((3, 4, 8)).to(dtype)
+    p8, p4 = torch.randn(8, generator=g).to(dtype), torch.randn(4, generator=g).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    if affine == "none":
+        compile_and_compare(lambda x: nnf.layer_norm(x, (8,)), x, rtol=tol, atol=tol)
+        compile_and_compare(lambda x: nnf.group_norm(x, 2), x, rtol=tol, atol=tol)
+    elif affine == "weight":
+        compile_and_compare(lambda x, w: nnf.layer_norm(x, (8,), w), x, p8, rtol=tol, atol=tol)
+        compile_and_compare(lambda x, w: nnf.group_norm(x, 2, w), x, p4, rtol=tol, atol=tol)
+        ln = torch.nn.LayerNorm(8, bias=False).to(dtype)
+        compile_and_compare(ln, x, rtol=tol, atol=tol)
+    else:
+        fn = lambda x, b: nnf.layer_norm(x, (8,), None, b)  # noqa: E731
+        compile_and_compare(fn, x, p8, rtol=tol, atol=tol)
+        compile_and_compare(lambda x, b: nnf.group_norm(x, 2, None, b), x, p4, rtol=tol, atol=tol)

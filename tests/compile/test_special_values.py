@@ -83,9 +83,9 @@ BINARY = {
 # the path (scalar or vectorised), so only the value, not the sign, is compared there.
 SIGNLESS_TIES = {"maximum", "minimum"}
 # Ops whose -0.0 saturn:1 gives as PyTorch's CPU kernels do where eager CUDA differs:
-# clamp keeps x on a tie on the CPU (std::max(x, lo)) and returns the bound on CUDA
-# (fmaxf): saturn keeps x on both machines.
-CPU_ON_THE_GPU = {"relu6", "clamp_0_6", "clamp_min_0", "clamp_max_neg0", "hardtanh"}
+# clamp (and relu, CUDA's clamp_min at 0) keeps x on a tie on the CPU (std::max(x, lo))
+# and returns the bound on CUDA (fmaxf): saturn keeps x on both machines.
+CPU_ON_THE_GPU = {"relu", "relu6", "clamp_0_6", "clamp_min_0", "clamp_max_neg0", "hardtanh"}
 
 
 def specials(dtype: torch.dtype) -> torch.Tensor:
