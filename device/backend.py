@@ -18,7 +18,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from saturn.eqsat.errors import EqsatError
+from saturn.eqsat.errors import EqsatError, RuleError
 from saturn.eqsat.pipeline import Compiled, compile_graph
 
 from . import decompositions
@@ -244,6 +244,8 @@ def _compiler(opts: Options, forward: bool):
         if hit is None:
             try:
                 hit = compile_fx(gm, example_inputs, opts, forward)
+            except RuleError:  # the user's own rule file is broken: theirs to fix, so say so
+                raise
             except Exception as e:  # never fail the user's compile: run uncompiled, say why
                 reason = f"{type(e).__name__}: {e}"
                 if not isinstance(e, UnsupportedError | EqsatError | NotImplementedError):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
 
 from saturn.eqsat.egraph import Bounds
+from saturn.eqsat.errors import EqsatError
 from saturn.eqsat.rules import OPT_IN_RULESETS
 
 
@@ -71,27 +73,45 @@ def parse(options: dict | None) -> Options:
     torch.saturn.device(d)  # raises for an index that does not exist
     from .custom_ops import pattern_rulesets
 
-    rewrites = tuple(options.get("rewrites", ()))
+    rewrites = _names(options, "rewrites", "a ruleset name")
     valid = [*OPT_IN_RULESETS, *pattern_rulesets()]  # saturn's and custom ops' patterns
     bad = [r for r in rewrites if r not in valid]
     if bad:
         raise ValueError(f"saturn: unknown rewrites {bad}; valid: {valid}")
-    rules = options.get("rules", ())
-    rules = (rules,) if isinstance(rules, str) else tuple(str(r) for r in rules)
+    rules = _names(options, "rules", "a path to an .egg file or a folder of them")
     if options.get("tf32") and options.get("tf32x3"):
         raise ValueError("saturn: options tf32 and tf32x3 exclude each other; choose one")
+    bounds = {k: options.get(k, getattr(Bounds, k)) for k in ("iterations", "max_enodes", "seconds")}
+    try:
+        Bounds(**bounds)
+    except EqsatError as e:
+        raise ValueError(f"saturn: option {e}") from None
     return Options(
         device=f"saturn:{d.index if d.index is not None else torch.saturn.current_device()}",
         device_given=bool(options.get("device")),
         rules=rules,
         rewrites=rewrites,
-        iterations=int(options.get("iterations", Bounds.iterations)),
-        max_enodes=int(options.get("max_enodes", Bounds.max_enodes)),
-        seconds=float(options.get("seconds", Bounds.seconds)),
+        iterations=bounds["iterations"],
+        max_enodes=bounds["max_enodes"],
+        seconds=float(bounds["seconds"]),
         replay=_flag(options, "replay", True),
         tf32=_flag(options, "tf32", False),
         tf32x3=_flag(options, "tf32x3", False),
     )
+
+
+def _names(options: dict, name: str, what: str) -> tuple[str, ...]:
+    """One name or a list of them (None: none); each a str or a path."""
+    v = options.get(name)
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str | os.PathLike) else v
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"saturn: option {name} must be {what} or a list of them, got {v!r}")
+    for item in items:
+        if not isinstance(item, str | os.PathLike):
+            raise ValueError(f"saturn: option {name}: {item!r} is not {what}")
+    return tuple(os.fspath(i) for i in items)
 
 
 def _flag(options: dict, name: str, default: bool) -> bool:

@@ -9,6 +9,7 @@ plain Python (``EGraphView``) for extraction and drawing.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -21,13 +22,31 @@ from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files
 
 EQ_SORTS = ("Tensor", "Expr", "TList")
 ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
+MATCH_LIMIT = 1_000  # the back-off scheduler's least per-rule match limit per run (egg's)
+_SCHED = "saturn-back-off"
+CHECKPOINT_ENODES = 4  # checkpoints hold at most this many times max_enodes e-nodes
 
 
 @dataclass(frozen=True)
 class Bounds:
+    """When saturation stops: after ``iterations`` passes over the rulesets, once the
+    e-graph would pass ``max_enodes`` (the pass that would is undone), or after
+    ``seconds`` of wall time. Checked after every ruleset run, and every run is kept
+    small by a back-off scheduler (``Saturation``), so each bound holds whatever the rules
+    do."""
+
     iterations: int = 12
     max_enodes: int = 50_000
     seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "max_enodes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise EqsatError(f"{name} must be a whole number >= 1, got {v!r}")
+        v = self.seconds
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise EqsatError(f"seconds must be a finite number > 0, got {v!r}")
 
 
 @dataclass
@@ -37,12 +56,15 @@ class IterationStats:
     enodes: int
     seconds: float
     changed: bool
+    stopped: str = ""  # the bound this pass crossed, if any
+    undone: bool = False  # the pass crossed the size bound and was rolled back
 
 
 @dataclass
 class SaturationReport:
     iterations: list[IterationStats] = field(default_factory=list)
     stop_reason: str = ""  # "saturated" or the bound that stopped it
+    seconds: float = 0.0  # wall time of the whole saturation
 
     @property
     def saturated(self) -> bool:
@@ -56,12 +78,17 @@ class SaturationReport:
         return dict(sorted(out.items()))
 
     def summary(self) -> str:
-        lines = [f"saturation: {self.stop_reason} after {len(self.iterations)} iterations"]
+        lines = [
+            f"saturation: {self.stop_reason} after {len(self.iterations)} iterations"
+            f" ({self.seconds:.2f} s)"
+        ]
         for it in self.iterations:
             fired = ", ".join(f"{k} x{v}" for k, v in sorted(it.matches.items()) if v)
             lines.append(
                 f"  iter {it.index}: {it.enodes} e-nodes, {it.seconds * 1e3:.1f} ms"
-                f"{'' if it.changed else ' (no change)'}: {fired or 'no matches'}"
+                f"{'' if it.changed else ' (no change)'}"
+                f"{' (undone: it crossed the size bound)' if it.undone else ''}"
+                f": {fired or 'no matches'}"
             )
         return "\n".join(lines)
 
@@ -163,10 +190,24 @@ class Saturation:
             if facts:
                 self._run(facts, "<machine facts>")
             self._run(text, "<graph>")
-            self._run("(run-schedule (saturate analysis))", "<schedule>")
         except eb.EggSmolError as e:
             raise GraphError(f"the graph does not fit the term language: {e}") from None
+        # One back-off scheduler for the whole saturation (egg's policy): a rule that
+        # matches more than its limit in a run is not applied and sits out a few runs,
+        # its limit and ban doubling each time. Rules that grow the e-graph without
+        # bound (associativity, commutativity) then grow it a step at a time, and no run
+        # is long or large enough to carry a bound far past its value. The limit scales
+        # with the graph, so rules matching each node a few times are never held back.
+        limit = min(max(MATCH_LIMIT, 4 * self.enodes()), max(1, self.bounds.max_enodes // 10))
+        self._run(f"(let-scheduler {_SCHED} (back-off :match-limit {limit}))", "<schedule>")
+        self._runs = {
+            r: self.egraph.parse_program(f"(run-schedule (run-with {_SCHED} {r}))", "<schedule>")
+            for r in [*self.rulesets, "analysis"]
+        }
         self.report = SaturationReport()
+        self._deadline = math.inf
+        self._kept = 0
+        self._pass_checkpoint = False
 
     def _run(self, text: str, name: str):
         return self.egraph.run_program(*self.egraph.parse_program(text, filename=name))
@@ -177,42 +218,101 @@ class Saturation:
             n for fname, n in out[0].sizes if fname not in ANALYSES and not fname.startswith("$")
         )
 
-    def step(self) -> IterationStats:
-        """Run every enabled ruleset once, then the analyses to a fixpoint."""
-        t0 = time.perf_counter()
-        body = " ".join(f"(run {r})" for r in self.rulesets)
+    def _run_ruleset(self, name: str, matches: dict[str, int]) -> tuple[bool, bool]:
+        """One scheduled run of a ruleset: (whether it changed the e-graph, whether the
+        scheduler held no rule back)."""
         try:
-            out = self._run(f"(run-schedule (seq {body} (saturate analysis)))", "<schedule>")
+            out = self.egraph.run_program(*self._runs[name])
         except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
-            raise EqsatError(f"saturation failed: {e}") from None
+            raise EqsatError(f"saturation failed in ruleset {name}: {e}") from None
         report = out[0].report
-        matches = {rule: n for rule, n in report.num_matches_per_rule.items()}
+        for rule, n in report.num_matches_per_rule.items():
+            matches[rule] = matches.get(rule, 0) + n
+        return report.updated, report.can_stop
+
+    def _over(self) -> str:
+        """The bound a run has crossed ("" while within them)."""
+        if time.perf_counter() > self._deadline:
+            return f"time bound ({self.bounds.seconds} s)"
+        if self.enodes() > self.bounds.max_enodes:
+            return f"size bound ({self.bounds.max_enodes} e-nodes)"
+        return ""
+
+    def _analyse(self, matches: dict[str, int]) -> tuple[bool, str]:
+        """The analysis ruleset to a fixpoint, one scheduled run at a time."""
+        changed = False
+        while True:
+            self._checkpoint()
+            updated, settled = self._run_ruleset("analysis", matches)
+            changed |= updated
+            over = self._over()
+            if over or (not updated and settled):
+                return changed, over
+
+    def step(self) -> IterationStats:
+        """Every enabled ruleset once, then the analyses to a fixpoint; stops early at a
+        bound (``stats.stopped``)."""
+        t0 = time.perf_counter()
+        matches: dict[str, int] = {}
+        changed, settled, over = False, True, ""
+        for r in self.rulesets:
+            self._checkpoint()
+            updated, can_stop = self._run_ruleset(r, matches)
+            changed, settled = changed or updated, settled and can_stop
+            over = self._over()
+            if over:
+                break
+        if not over:
+            updated, over = self._analyse(matches)
+            changed |= updated
         stats = IterationStats(
             len(self.report.iterations) + 1,
             matches,
             self.enodes(),
             time.perf_counter() - t0,
-            report.updated,
+            changed or not settled,  # a held-back rule may still change it
+            over,
         )
         self.report.iterations.append(stats)
         return stats
 
+    def _checkpoint(self) -> None:
+        """Once per pass, as soon as the e-graph holds half the size bound: a copy to go
+        back to if the pass crosses the bound. Copies cost time (egglog copies every
+        table) and memory (they stack), so none is taken far from the bound, and their
+        e-nodes are capped at CHECKPOINT_ENODES times the bound."""
+        if self._pass_checkpoint:
+            return
+        size = self.enodes()
+        if 2 * size < self.bounds.max_enodes:
+            return
+        if self._kept + size > CHECKPOINT_ENODES * self.bounds.max_enodes:
+            return
+        self._run("(push)", "<checkpoint>")
+        self._kept += size
+        self._pass_checkpoint = True
+
     def run(self) -> SaturationReport:
         start = time.perf_counter()
-        while True:
+        self._deadline = start + self.bounds.seconds
+        self._kept = 0  # e-nodes held by checkpoints
+        _, over = self._analyse({})
+        while not over:
             if len(self.report.iterations) >= self.bounds.iterations:
                 self.report.stop_reason = f"iteration bound ({self.bounds.iterations})"
                 break
+            self._pass_checkpoint = False
             stats = self.step()
+            over = stats.stopped
+            if over.startswith("size") and self._pass_checkpoint:
+                self._run("(pop)", "<checkpoint>")  # undo the pass: stop before it
+                stats.undone, stats.enodes = True, self.enodes()
             if not stats.changed:
                 self.report.stop_reason = "saturated"
                 break
-            if stats.enodes > self.bounds.max_enodes:
-                self.report.stop_reason = f"size bound ({self.bounds.max_enodes} e-nodes)"
-                break
-            if time.perf_counter() - start > self.bounds.seconds:
-                self.report.stop_reason = f"time bound ({self.bounds.seconds} s)"
-                break
+        if over:
+            self.report.stop_reason = over
+        self.report.seconds = time.perf_counter() - start
         return self.report
 
     def snapshot(self) -> EGraphView:

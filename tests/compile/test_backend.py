@@ -38,6 +38,53 @@ def test_precision_options_exclude_each_other():
         parse({"device": DEV, "tf32x3": "yes"})
 
 
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"iterations": -5}, "iterations must be a whole number >= 1, got -5"),
+        ({"iterations": 0}, "iterations must be a whole number >= 1, got 0"),
+        ({"iterations": 2.7}, "iterations must be a whole number >= 1, got 2.7"),
+        ({"iterations": True}, "iterations must be a whole number >= 1, got True"),
+        ({"max_enodes": -1}, "max_enodes must be a whole number >= 1, got -1"),
+        ({"seconds": float("nan")}, "seconds must be a finite number > 0, got nan"),
+        ({"seconds": "10"}, "seconds must be a finite number > 0, got '10'"),
+        ({"seconds": 0}, "seconds must be a finite number > 0, got 0"),
+        ({"rules": 5}, "option rules must be a path"),
+        ({"rules": ["a.egg", 3]}, "option rules: 3 is not a path"),
+        ({"rewrites": ["patterns", None]}, "option rewrites: None is not a ruleset name"),
+        ({"rewrites": "pattern"}, r"unknown rewrites \['pattern'\]"),
+    ],
+)
+def test_bad_options_raise_clear_errors(options, message):
+    from saturn.options import parse
+
+    with pytest.raises(ValueError, match=message):
+        parse({"device": DEV, **options})
+
+
+def test_names_options_take_one_name_or_a_list():
+    """A single string is one name, not its letters; None is no extra rules."""
+    from saturn.options import parse
+
+    assert parse({"device": DEV, "rewrites": "patterns"}).rewrites == ("patterns",)
+    assert parse({"device": DEV, "rules": None}).rules == ()
+    assert parse({"device": DEV, "seconds": 2, "iterations": 3}).bounds.seconds == 2.0
+
+
+def test_a_broken_rule_file_raises_naming_file_and_line(tmp_path):
+    """The user's own rule file is theirs to fix: a typo raises (file, line, column),
+    it does not run the graph uncompiled with a warning."""
+    bad = tmp_path / "typo.egg"
+    bad.write_text("(ruleset mine)\n\n(rewrite (Exp x) (Expp x) :ruleset mine)\n")
+    torch._dynamo.reset()
+    before = len(backend.CACHE.fallbacks)
+    fn = torch.compile(lambda x: x.exp() + 1, backend="saturn", options={"rules": str(bad)})
+    with pytest.raises(Exception, match=r"typo.egg:3:\d+: .*Expp") as info:
+        fn(torch.ones(3).to(DEV))
+    assert "RuleError" in str(info.value)
+    assert len(backend.CACHE.fallbacks) == before
+
+
 def test_the_compile_target_follows_the_inputs_unless_given():
     """Without the ``device`` option a graph compiles for the saturn device its inputs are
     on (so saturn:0 tensors on a machine with a GPU are compiled for saturn:0, not refused
