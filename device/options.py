@@ -81,7 +81,8 @@ def parse(options: dict | None) -> Options:
     rules = _names(options, "rules", "a path to an .egg file or a folder of them")
     if options.get("tf32") and options.get("tf32x3"):
         raise ValueError("saturn: options tf32 and tf32x3 exclude each other; choose one")
-    bounds = {k: options.get(k, getattr(Bounds, k)) for k in ("iterations", "max_enodes", "seconds")}
+    names = ("iterations", "max_enodes", "seconds")
+    bounds = {k: options.get(k, getattr(Bounds, k)) for k in names}
     try:
         Bounds(**bounds)
     except EqsatError as e:
