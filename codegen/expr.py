@@ -64,8 +64,8 @@ _CUDA_ROUNDING = {
 # whatever the optimiser does. "x86" (saturn:0, PyTorch's CPU kernels): truncation, and
 # the integer indefinite (the lowest int32, or int64) for NaN and out-of-range values;
 # int8, int16 and uint8 go through int32 and keep its low bits. "cuda" (PyTorch's CUDA
-# kernels, cvt.rzi): saturation to the type's range, NaN to 0 (int32) or to the lowest
-# int64; the narrow types go through int32 and keep its low bits (measured on the H200
+# kernels, cvt.rzi): saturation to the type's range, NaN to 0 (float32 to int32) or to
+# the lowest int (float64 to int32, either to int64); the narrow types go through int32 and keep its low bits (measured on the H200
 # against eager CUDA, decision 0051).
 INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
 NARROW_INTS = ("u8", "i8", "i16")
@@ -97,7 +97,9 @@ def cast_helpers(decorator: str, semantics: str) -> str:
                     f"    return {it_t}({lo})\n"
                 )
             else:
-                nan = 0 if it == "i32" else lo  # cvt.rzi.s64 gives the lowest int64
+                # NaN: 0 from float32 to int32, the lowest int from float64 to int32 and
+                # from either to int64 (eager CUDA, measured on the H200)
+                nan = 0 if (it, ft) == ("i32", "f32") else lo
                 body = (
                     f"    if x != x:\n        return {it_t}({nan})\n"
                     f"    if not {above}:\n        return {it_t}({hi})\n"

@@ -403,6 +403,7 @@ def test_the_cast_helpers_truth_tables():
     assert x86["to_i64_f32"](np.float32(2.0**63)) == -(2**63)
     assert cuda["to_i64_f64"](np.float64(2.0**63)) == 2**63 - 1
     assert cuda["to_i64_f32"](np.float32(np.nan)) == -(2**63)
+    assert cuda["to_i32_f64"](np.float64(np.nan)) == -(2**31)
     assert x86["to_i8_f32"](np.float32(300.7)) == 44 and x86["to_u8_f64"](-40000.0) == 192
     assert x86["to_i32_f64"](np.float64(-2147483648.9)) == -(2**31)  # truncates, fits
 
