@@ -65,8 +65,8 @@ _CUDA_ROUNDING = {
 # the integer indefinite (the lowest int32, or int64) for NaN and out-of-range values;
 # int8, int16 and uint8 go through int32 and keep its low bits. "cuda" (PyTorch's CUDA
 # kernels, cvt.rzi): saturation to the type's range, NaN to 0 (float32 to int32) or to
-# the lowest int (float64 to int32, either to int64); the narrow types go through int32 and keep its low bits (measured on the H200
-# against eager CUDA, decision 0051).
+# the lowest int (float64 to int32, either to int64); the narrow types go through int32
+# and keep its low bits (measured on the H200 against eager CUDA, decision 0051).
 INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
 NARROW_INTS = ("u8", "i8", "i16")
 
