@@ -138,13 +138,7 @@ class _Builder:
             args = (v.name, c) if self.rng.random() < 0.7 else (c, v.name)
             self.add(op.format(*args), v.dtype, v.shape)
             return True
-        w = self.partner(v)
-        if w is None:
-            return False
-        dtype = torch.promote_types(v.dtype, w.dtype)
-        shape = tuple(torch.broadcast_shapes(v.shape, w.shape))
-        self.add(self.rng.choice(BINARY).format(v.name, w.name), dtype, shape)
-        return True
+        return self.with_partner(v, BINARY)
 
     def integer(self) -> bool:
         v = self.pick(lambda v: v.dtype in INT_DTYPES)
@@ -158,13 +152,17 @@ class _Builder:
             d = self.rng.choice(["3", "5", "1"])
             op = self.rng.choice(["{} // {}", "{} % {}"])
             self.add(op.format(v.name, d), v.dtype, v.shape)
-        else:
-            w = self.partner(v)
-            if w is None:
-                return False
-            dtype = torch.promote_types(v.dtype, w.dtype)
-            shape = tuple(torch.broadcast_shapes(v.shape, w.shape))
-            self.add(self.rng.choice(INT_BINARY).format(v.name, w.name), dtype, shape)
+            return self.with_partner(v, INT_BINARY)
+        return True
+
+    def with_partner(self, v, ops) -> bool:
+        """``v`` op a second value it broadcasts with, in their promoted dtype."""
+        w = self.partner(v)
+        if w is None:
+            return False
+        dtype = torch.promote_types(v.dtype, w.dtype)
+        shape = tuple(torch.broadcast_shapes(v.shape, w.shape))
+        self.add(self.rng.choice(ops).format(v.name, w.name), dtype, shape)
         return True
 
     def compare_where(self) -> bool:
