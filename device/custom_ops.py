@@ -420,6 +420,10 @@ def pattern_rulesets() -> list[str]:
     return [op.pattern_ruleset for op in REGISTRY.values() if op.pattern_ruleset]
 
 
+# Custom kernels the built-in rules (rules/patterns.egg) name, and the op that runs each.
+BUILTIN_PATTERNS = {"rmsnorm": "saturn::rmsnorm"}
+
+
 def resolve(name: str, host_calls: dict) -> tuple[CustomOp, Callable[[list, int], list]]:
     """The op a ``Custom`` kernel named ``name`` runs, and how to build its arguments from
     the kernel's tensors and float-attribute bits. ``name`` is a host call (an op node of the
@@ -435,7 +439,9 @@ def resolve(name: str, host_calls: dict) -> tuple[CustomOp, Callable[[list, int]
         if op is None:
             raise RuntimeError(f"custom kernel {name}: {call.target} is not a saturn custom op")
         return op, lambda tensors, bits: call_args(call, tensors)[0]
-    op = REGISTRY.get(name)
+    if name in BUILTIN_PATTERNS:
+        import saturn.library  # noqa: F401  (defines the ops the built-in rules name)
+    op = REGISTRY.get(BUILTIN_PATTERNS.get(name, name))
     if op is None:
         raise RuntimeError(f"custom kernel {name}: no custom op of that name is defined")
 

@@ -871,7 +871,9 @@ OPS: tuple[Op, ...] = (
         2,
         (("eps", "bits"),),
         (),
-        dtypes=DEVICE_FLOATS,
+        # the device kernel (saturn::rmsnorm, device/library) is float32; float64 stays
+        # the written-out ops
+        dtypes=("f32",),
         shape="same",
         doc="x * rsqrt(mean(x*x, -1) + eps) * weight",
     ),

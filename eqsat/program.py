@@ -198,6 +198,9 @@ def indexing(shape: tuple[int, ...], domain: tuple[int, ...]) -> str:
     return "strided"
 
 
+MAX_BODY_DEPTH = 128  # nested ops in one kernel body (see _Lowering._inline_cut)
+
+
 class _Lowering:
     def __init__(
         self,
@@ -628,8 +631,65 @@ class _Lowering:
     def _nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])
 
-    def expr(self, cid: int, leaves: list[int], covers: list[str]) -> Expr:
+    def _inline_cut(self, cid: int, depth: int) -> int | None:
+        """The loop an ``Inline`` at ``depth`` reads instead of recomputing, where the body
+        is already MAX_BODY_DEPTH deep: a chain of thousands of fused ops becomes kernels of
+        bounded depth (bounded Python stacks here and in the code generators, and bodies
+        Numba compiles in reasonable time), each reading the one before through memory."""
+        if depth < MAX_BODY_DEPTH:
+            return None
+        for twin in self.view.classes[cid]:
+            if twin.op == "Ld" and twin.kids[0] in self.best:
+                return twin.kids[0]
+        return None
+
+    def _leaf_reads(self, t: int) -> list[int]:
+        """What reading loop operand ``t`` lowers first (see ``_operand``)."""
+        if self._broadcast_scalar(t) is not None:
+            return []
+        choice = self.best.get(t)
+        return [choice.enode.kids[0]] if choice and choice.enode.op == "Expand" else [t]
+
+    def deps(self, cid: int) -> list[int]:
+        """The classes ``value(cid)`` lowers before its own step: what ``lower`` and
+        ``kernel`` read, walked without recursion. ``lower`` (the function) lowers them in
+        post-order first, so no ``value`` call nests another."""
         en = self.best[cid].enode
+        op = en.op
+        if op in ("Input", "Param") or op in ot.CONSTANTS:
+            return []
+        if op == "ToDev" and self._constant(en.kids[0]):
+            return []
+        if op in ("Loop", "Reduce"):
+            out: list[int] = []
+            stack = [(en.kids[0], 0)]
+            while stack:
+                c, depth = stack.pop()
+                e = self.best[c].enode
+                if e.op == "Ld":
+                    out += self._leaf_reads(e.kids[0])
+                elif e.op == "Inline":
+                    cut = self._inline_cut(c, depth)
+                    if cut is not None:
+                        out += self._leaf_reads(cut)
+                    else:
+                        stack.append((e.kids[0], depth + 1))
+                elif e.op != "ESc":  # kids in order, as ``expr`` reads them
+                    stack += [(k, depth + 1) for k in reversed(e.kids)]
+            return out
+        if op in ("Opaque", "Custom"):
+            return self.tlist(en.kids[0])
+        return [k for k in en.kids if k in self.best and not self._nobias(k)]
+
+    def expr(self, cid: int, leaves: list[int], covers: list[str], depth: int = 0) -> Expr:
+        en = self.best[cid].enode
+        if en.op == "Inline":
+            cut = self._inline_cut(cid, depth)
+            if cut is not None:  # read the loop's output: a leaf, like an Ld
+                if self._broadcast_scalar(cut) is None:
+                    if cut not in leaves:
+                        leaves.append(cut)
+                    return ("in", leaves.index(cut))
         if en.op == "Ld":
             t = en.kids[0]
             c = self._broadcast_scalar(t)
@@ -642,13 +702,13 @@ class _Lowering:
             for twin in self.view.classes[cid]:  # the loop this body was inlined from
                 if twin.op == "Ld":
                     covers += [n for n in self.host_twin_names(twin.kids[0]) if n not in covers]
-            return self.expr(en.kids[0], leaves, covers)
+            return self.expr(en.kids[0], leaves, covers, depth + 1)
         if en.op == "ESc":
             return ("const", en.attrs[0], en.attrs[1])
         if en.op == "ECast":
-            return ("cast", self.expr(en.kids[0], leaves, covers), en.attrs[0])
+            return ("cast", self.expr(en.kids[0], leaves, covers, depth + 1), en.attrs[0])
         name = en.op[1:].lower()
-        return (name, *(self.expr(k, leaves, covers) for k in en.kids))
+        return (name, *[self.expr(k, leaves, covers, depth + 1) for k in en.kids])
 
 
 def lower(
@@ -664,6 +724,15 @@ def lower(
     for name in graph.nodes:
         if graph.nodes[name].op in ("Input", "Param"):
             low.value(view.named[name])
+    # each value's operands before it, so no value() call nests another; a constant root
+    # the caller wants on the device is made there (below), not lowered on the host
+    wanted = [
+        r
+        for r in roots
+        if not (io_on_device and place.get(r) == "host" and not low._leaf(r) and low._constant(r))
+    ]
+    for c in _post_order(low, wanted):
+        low.value(c)
     outputs = []
     for r in roots:
         # the caller expects device outputs; an input returned as an output already is one
@@ -692,6 +761,29 @@ def lower(
     prog = _renumber(fuse_reduce_epilogues(Program(low.steps, outputs, inputs)))
     validate(prog)
     return prog
+
+
+def _post_order(low: _Lowering, roots: list[int]) -> list[int]:
+    """Classes the roots need, each after what it reads (an explicit stack: graphs are
+    thousands of values deep). A cycle is left for ``value`` to report."""
+    order: list[int] = []
+    state: dict[int, int] = {}  # 1 = open, 2 = done
+    for r in roots:
+        if r in state or r not in low.best:
+            continue
+        stack = [(r, iter(low.deps(r)))]
+        state[r] = 1
+        while stack:
+            c, kids = stack[-1]
+            k = next(kids, None)
+            if k is None:
+                stack.pop()
+                state[c] = 2
+                order.append(c)
+            elif k not in state and k in low.best:
+                state[k] = 1
+                stack.append((k, iter(low.deps(k))))
+    return order
 
 
 def leaves(e: Expr) -> set:

@@ -6,13 +6,15 @@ inputs, half with CPU inputs compiled for saturn:0), a longer run on the GPU."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
 from . import fuzz
 
 CI_SEEDS = range(160)
-GPU_SEEDS = range(150)
+# a longer run: SATURN_GPU_SEEDS=2000 python -m pytest -m gpu tests/compile/test_fuzz.py
+GPU_SEEDS = range(int(os.environ.get("SATURN_GPU_SEEDS", 150)))
 
 
 @pytest.fixture(autouse=True)

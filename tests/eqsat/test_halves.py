@@ -89,10 +89,11 @@ ADDMM = """(input x {d} [8 32])
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_relu_folds_into_a_half_epilogue_and_tanh_gelu_declines(dtype):
-    # rounding is monotone and keeps zero: relu commutes with it; GELU does not
+def test_half_epilogues_decline(dtype):
+    # cuBLASLt's half ReLU epilogue turns NaN into 0 (measured on the H200); GELU does not
+    # commute with rounding: both run as a loop after the bias epilogue
     relu = kernels(compiled(ADDMM.format(d=dtype, act="Relu")))
-    assert [(k.kind, k.attrs.get("epilogue")) for k in relu] == [("gemm", "relu_bias")]
+    assert [(k.kind, k.attrs.get("epilogue")) for k in relu] == [("gemm", "bias"), ("loop", None)]
     gelu = kernels(compiled(ADDMM.format(d=dtype, act="GeluTanh")))
     assert [(k.kind, k.attrs.get("epilogue")) for k in gelu] == [("gemm", "bias"), ("loop", None)]
     wide = kernels(compiled(ADDMM.format(d="f32", act="GeluTanh")))

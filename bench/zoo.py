@@ -1,0 +1,389 @@
+"""A model zoo: torchvision, timm and Hugging Face transformers models compiled by saturn,
+against eager and Inductor, modelled on PyTorch's dynamo benchmark suites.
+
+Each model is built from its library with random weights (seeded, nothing downloaded) in
+one of two sizes: ``tiny`` (a few layers, small widths, 32-64 px images: for saturn:0 and
+CI) and ``full`` (the library's standard configuration at a realistic batch: 32 images of
+224 px, 8 sequences of 512 tokens). Every model runs in its own process with a time limit,
+so one failure never hides the rest.
+
+What is measured, per model, in that process (inference, no_grad, eval mode):
+  correct     saturn's output against eager's (saturn:0: eager CPU, fp32 within 1e-4;
+              saturn:N: eager CUDA with TF32 off, relative error <= 1e-3; bf16: no more
+              than twice eager bf16's own error against eager fp32, on the same device)
+  graphs      graphs compiled, graphs run uncompiled (with the reasons), graph breaks
+  host ops    host ops and crossings per call (summed over the compiled graphs, named)
+  first call  wall time of the first compiled call (compile included)
+  call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
+              on a GPU, Inductor (default mode), all in the same process
+  memory      peak device memory of saturn's and eager's calls (GPU only)
+
+    python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
+                        [--only NAME ...] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPEATS = 10
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- the models ------------------------------------------------------------------------
+
+
+def _images(size: str, batch_tiny: int = 2, px_tiny: int = 32):
+    return (
+        torch.randn(32, 3, 224, 224)
+        if size == "full"
+        else torch.randn(batch_tiny, 3, px_tiny, px_tiny)
+    )
+
+
+def _tokens(size: str, vocab: int):
+    shape = (8, 512) if size == "full" else (2, 16)
+    return torch.randint(0, min(vocab, 1000), shape)
+
+
+def _torchvision(name: str, px: int = 32) -> Callable:
+    def build(size: str):
+        import torchvision
+
+        model = getattr(torchvision.models, name)(
+            weights=None, num_classes=1000 if size == "full" else 10
+        )
+        return model, (_images(size, px_tiny=px),)
+
+    return build
+
+
+def _timm(name: str, tiny: dict, px: int = 32) -> Callable:
+    def build(size: str):
+        import timm
+
+        kwargs = {} if size == "full" else {"num_classes": 10, **tiny}
+        model = timm.create_model(name, pretrained=False, **kwargs)
+        return model, (_images(size, px_tiny=px),)
+
+    return build
+
+
+TINY_TEXT = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 64,
+}
+
+
+def _hf(
+    config_name: str,
+    model_name: str,
+    tiny: dict | None = None,
+    cache: bool | None = None,
+    vision: bool = False,
+) -> Callable:
+    def build(size: str):
+        import transformers
+
+        cfg_cls = getattr(transformers, config_name)
+        kwargs = {} if size == "full" else {**TINY_TEXT, **(tiny or {})}
+        if vision:
+            kwargs = {} if size == "full" else {**kwargs, "image_size": 32, "patch_size": 8}
+            kwargs.pop("vocab_size", None)
+            kwargs.pop("max_position_embeddings", None)
+        cfg = cfg_cls(**kwargs)
+        cfg._attn_implementation = "sdpa"
+        model = getattr(transformers, model_name)(cfg)
+        if vision:
+            return model, (_images(size),)
+        ids = _tokens(size, cfg.vocab_size)
+        if cache is not None:
+            model.config.use_cache = cache
+        return _HFOutputs(model), (ids,)
+
+    return build
+
+
+class _HFOutputs(torch.nn.Module):
+    """A transformers model called on token ids, returning its first output (the last
+    hidden state) as a tensor, for comparison."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.m = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=ids)[0]
+
+
+MODELS: dict[str, Callable] = {
+    # torchvision
+    "resnet18": _torchvision("resnet18"),
+    "resnet152": _torchvision("resnet152"),
+    "mobilenet_v2": _torchvision("mobilenet_v2"),
+    "densenet121": _torchvision("densenet121"),
+    "regnet_y_400mf": _torchvision("regnet_y_400mf"),
+    "shufflenet_v2_x1_0": _torchvision("shufflenet_v2_x1_0"),
+    "squeezenet1_1": _torchvision("squeezenet1_1", px=64),
+    "swin_t": _torchvision("swin_t", px=64),
+    # timm
+    "deit_tiny_patch16_224": _timm(
+        "deit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}
+    ),
+    "mixer_b16_224": _timm("mixer_b16_224", {"img_size": 32, "num_blocks": 2, "embed_dim": 64}),
+    "convnext_atto": _timm("convnext_atto", {"depths": (1, 1, 1, 1)}),
+    "efficientnet_b0": _timm("efficientnet_b0", {}),
+    # transformers
+    "DistilBertModel": _hf(
+        "DistilBertConfig",
+        "DistilBertModel",
+        {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128},
+    ),
+    "RobertaModel": _hf("RobertaConfig", "RobertaModel"),
+    "OPTModel": _hf("OPTConfig", "OPTModel", {"ffn_dim": 128, "word_embed_proj_dim": 64}),
+    "OPTModel-nocache": _hf(
+        "OPTConfig", "OPTModel", {"ffn_dim": 128, "word_embed_proj_dim": 64}, cache=False
+    ),
+    "MistralModel": _hf("MistralConfig", "MistralModel", {"num_key_value_heads": 2}),
+    "MistralModel-nocache": _hf(
+        "MistralConfig", "MistralModel", {"num_key_value_heads": 2}, cache=False
+    ),
+    "Qwen2Model": _hf("Qwen2Config", "Qwen2Model", {"num_key_value_heads": 2}),
+    "GPTNeoXModel": _hf("GPTNeoXConfig", "GPTNeoXModel"),
+    "GPTNeoXModel-nocache": _hf("GPTNeoXConfig", "GPTNeoXModel", cache=False),
+    "ViTModel": _hf("ViTConfig", "ViTModel", vision=True),
+    "BartModel": _hf(
+        "BartConfig",
+        "BartModel",
+        {
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128,
+        },
+    ),
+}
+
+
+# --- one model, in its own process ------------------------------------------------------
+
+
+def _first(out):
+    while isinstance(out, tuple | list):
+        out = out[0]
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _timed(fn, args, sync, repeats: int = REPEATS) -> float:
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            fn(*args)
+            sync()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run_one(name: str, device: str, dtype_name: str, size: str) -> dict:
+    import copy
+
+    import saturn  # noqa: F401
+    from saturn import backend
+
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype_name)
+    gpu = device != "saturn:0"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, inputs = MODELS[name](size)
+    model = model.eval()
+    ref_dev = "cuda" if gpu else "cpu"
+    row: dict = {"model": name, "device": device, "dtype": dtype_name, "size": size}
+
+    def on(dev, dt):
+        m = copy.deepcopy(model).to(dev)
+        if dt != torch.float32:
+            m = m.to(dt)
+        xs = tuple(x.to(dev).to(dt) if x.is_floating_point() else x.to(dev) for x in inputs)
+        return m, xs
+
+    with torch.no_grad():
+        m32, x32 = on(ref_dev, torch.float32)
+        want32 = _first(m32(*x32)).float()
+        m_e, x_e = on(ref_dev, dtype)
+        eager_out = _first(m_e(*x_e)).float()
+    eager_err = (eager_out - want32).abs().max().item() / max(want32.abs().max().item(), 1e-30)
+
+    sync_ref = torch.cuda.synchronize if gpu else (lambda: None)
+    sync_sat = (lambda: torch.saturn.synchronize(device)) if gpu else (lambda: None)
+    m_s, x_s = on(device, dtype)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    before_fb = len(backend.CACHE.fallbacks)
+    before_graphs = set(backend.CACHE.items)
+    compiled = torch.compile(m_s, backend="saturn", dynamic=False)
+    if gpu:
+        torch.saturn.reset_peak_memory_stats(device)
+    try:
+        t = time.perf_counter()
+        with torch.no_grad():
+            got = _first(compiled(*x_s)).float().cpu()
+        sync_sat()
+        row["first_call_s"] = time.perf_counter() - t
+    except Exception as e:
+        row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+        return row
+    fallbacks = backend.CACHE.fallbacks[before_fb:]
+    new = [cg for k, cg in backend.CACHE.items.items() if k not in before_graphs]
+    host = {}
+    crossings = 0
+    for cg in new:
+        prog = cg.compiled.program
+        crossings += prog.count("crossing")
+        for s in prog.steps:
+            if s.kind == "host":
+                op = s.op.split("#")[0]  # an opaque op's target, not its node name
+                host[op] = host.get(op, 0) + 1
+    row.update(
+        graphs=len(new),
+        uncompiled=len(fallbacks),
+        reasons=sorted(set(fallbacks))[:5],
+        graph_breaks=sum(torch._dynamo.utils.counters["graph_break"].values()),
+        host_ops=host,
+        crossings=crossings,
+    )
+    err = (
+        (got - eager_out.cpu() if dtype == torch.float32 else got - want32.cpu()).abs().max().item()
+    )
+    scale = max(want32.abs().max().item(), 1e-30)
+    if dtype == torch.float32:
+        tol = 1e-3 if gpu else 1e-4
+        row["error"] = err / scale
+        row["correct"] = bool(err / scale <= tol and not math.isnan(err))
+    else:
+        row["error"] = err / scale
+        row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
+    row["eager_error"] = eager_err
+    row["saturn_s"] = _timed(compiled, x_s, sync_sat)
+    row["eager_s"] = _timed(m_e, x_e, sync_ref)
+    if gpu:
+        row["saturn_peak"] = torch.saturn.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats()
+        _timed(m_e, x_e, sync_ref, 1)
+        row["eager_peak"] = torch.cuda.max_memory_allocated()
+        try:
+            ind = torch.compile(m_e)
+            with torch.no_grad():
+                ind(*x_e)
+            row["inductor_s"] = _timed(ind, x_e, sync_ref)
+        except Exception as e:
+            row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return row
+
+
+# --- the driver -------------------------------------------------------------------------
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summary(rows: list[dict]) -> str:
+    ok = [r for r in rows if r.get("correct") and not r.get("uncompiled")]
+    lines = [f"pass rate {len(ok)}/{len(rows)} (correct, no graph uncompiled)"]
+    over_eager = [r["eager_s"] / r["saturn_s"] for r in ok if "eager_s" in r]
+    over_ind = [r["inductor_s"] / r["saturn_s"] for r in ok if "inductor_s" in r]
+    lines.append(
+        f"geomean speed-up over eager {_geomean(over_eager):.2f}x, "
+        f"over Inductor {_geomean(over_ind):.2f}x"
+    )
+    first = [r["first_call_s"] for r in rows if "first_call_s" in r]
+    if first:
+        lines.append(f"mean first call {statistics.mean(first):.1f} s")
+    mem = [r["saturn_peak"] / r["eager_peak"] for r in ok if r.get("eager_peak")]
+    if mem:
+        lines.append(f"peak memory saturn/eager geomean {_geomean(mem):.2f}")
+    return "\n".join(lines)
+
+
+def _format(r: dict) -> str:
+    if "first_call_s" not in r:
+        return f"{r['model']:24s} FAILED  {r.get('error', '')}"
+    host = ", ".join(f"{k} x{v}" for k, v in sorted(r.get("host_ops", {}).items())) or "-"
+    times = f"saturn {r['saturn_s'] * 1e3:.2f} ms, eager {r['eager_s'] * 1e3:.2f} ms"
+    if "inductor_s" in r:
+        times += f", inductor {r['inductor_s'] * 1e3:.2f} ms"
+    return (
+        f"{r['model']:24s} {'ok     ' if r['correct'] else 'WRONG  '} err {r['error']:.1e} "
+        f"graphs {r['graphs']} uncompiled {r['uncompiled']} breaks {r['graph_breaks']} "
+        f"crossings {r['crossings']} host [{host}] first {r['first_call_s']:.1f} s; {times}"
+        + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="saturn:0")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print("ZOO " + json.dumps(run_one(a.child, a.device, a.dtype, a.size)))
+        return
+    rows = []
+    for name in a.only or list(MODELS):
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            "--device",
+            a.device,
+            "--dtype",
+            a.dtype,
+            "--size",
+            a.size,
+        ]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("ZOO ")), None)
+            r = (
+                json.loads(line[4:])
+                if line
+                else {
+                    "model": name,
+                    "correct": False,
+                    "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300],
+                }
+            )
+        except subprocess.TimeoutExpired:
+            r = {"model": name, "correct": False, "error": f"timed out after {a.timeout:.0f} s"}
+        rows.append(r)
+        print(_format(r), flush=True)
+    print(summary(rows))
+
+
+if __name__ == "__main__":
+    main()
