@@ -883,13 +883,26 @@ def _h_cat(imp: _Importer, node: torch.fx.Node):
     tensors = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     dtype, shape = _tensor_type(node)
-    if not isinstance(tensors, list | tuple) or len(tensors) < 2 or type(dim) is not int:
+    if not isinstance(tensors, list | tuple) or type(dim) is not int:
         return None
     nodes = [imp.g.nodes[imp.env[t.name]] for t in tensors]
     rank = len(shape)
-    if rank == 0 or any(len(n.shape) != rank for n in nodes):
+    if rank == 0:
         return None
     dim %= rank
+    # Empty pieces contribute no element (their dtypes still promote: ``dtype`` is the
+    # result's): a piece of length 0 along ``dim``, and PyTorch's legacy 1-D empty tensor,
+    # which cat accepts beside any shape (a key/value cache before its first step).
+    nodes = [
+        n
+        for n in nodes
+        if not (n.shape == (0,) and rank != 1) and not (len(n.shape) == rank and n.shape[dim] == 0)
+    ]
+    if not nodes or any(len(n.shape) != rank for n in nodes):
+        return None
+    if len(nodes) == 1:  # a copy of the one piece with elements, in the result's dtype
+        x = nodes[0].name  # (a Cast, as clone: cat's result never shares the piece's memory)
+        return imp.add(Node(node.name, "Cast", (x,), (dtype,), dtype, tuple(shape)), node.name)
     lengths = [n.shape[dim] for n in nodes]
     if any(n <= 0 or n >= min(MARKERS) for n in lengths):
         return None
