@@ -68,12 +68,18 @@ def _torchvision(name: str, px: int = 32) -> Callable:
     return build
 
 
-def _timm(name: str, tiny: dict, px: int = 32) -> Callable:
+def _timm(name: str, tiny: dict, px: int = 32, cls: str | None = None) -> Callable:
+    """``cls``: build the tiny size from this timm class (a model function that fixes the
+    arguments a tiny size changes, as mixer_b16_224 fixes its depth and width)."""
+
     def build(size: str):
         import timm
 
-        kwargs = {} if size == "full" else {"num_classes": 10, **tiny}
-        model = timm.create_model(name, pretrained=False, **kwargs)
+        if size == "tiny" and cls is not None:
+            model = getattr(timm.models, cls)(num_classes=10, **tiny)
+        else:
+            kwargs = {} if size == "full" else {"num_classes": 10, **tiny}
+            model = timm.create_model(name, pretrained=False, **kwargs)
         return model, (_images(size, px_tiny=px),)
 
     return build
@@ -144,7 +150,11 @@ MODELS: dict[str, Callable] = {
     "deit_tiny_patch16_224": _timm(
         "deit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}
     ),
-    "mixer_b16_224": _timm("mixer_b16_224", {"img_size": 32, "num_blocks": 2, "embed_dim": 64}),
+    "mixer_b16_224": _timm(
+        "mixer_b16_224",
+        {"img_size": 32, "patch_size": 8, "num_blocks": 2, "embed_dim": 64},
+        cls="MlpMixer",
+    ),
     "convnext_atto": _timm("convnext_atto", {"depths": (1, 1, 1, 1)}),
     "efficientnet_b0": _timm("efficientnet_b0", {}),
     # transformers
@@ -216,6 +226,10 @@ def run_one(name: str, device: str, dtype_name: str, size: str) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     model, inputs = MODELS[name](size)
     model = model.eval()
+    with torch.no_grad():  # a zero-initialised head (timm's) would make the comparison vacuous
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                torch.nn.init.normal_(p, std=0.02)
     ref_dev = "cuda" if gpu else "cpu"
     row: dict = {"model": name, "device": device, "dtype": dtype_name, "size": size}
 
