@@ -17,11 +17,11 @@ dies of SIGFPE for int32 and int64): a tensor divisor is rewritten by ``where`` 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import torch
 
-from .fuzz import Value
+from . import fuzz
+from .fuzz import Program, Value
 
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 SCALARS = ["1", "-1", "2", "-3", "7", "100"]
@@ -45,44 +45,10 @@ def ends(dtype: torch.dtype, shape: tuple[int, ...], rng: random.Random) -> torc
     return torch.tensor(vals, dtype=dtype).reshape(shape)
 
 
-@dataclass
-class IntProgram:
-    seed: int
-    source: str
-    inputs: list[tuple[str, torch.dtype, tuple[int, ...]]]
-
-    def function(self):
-        scope: dict = {"torch": torch}
-        exec(compile(self.source, f"<integer program {self.seed}>", "exec"), scope)
-        return scope["program"]
-
-
-class _Builder:
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        self.values: list[Value] = []
-        self.lines: list[str] = []
-
-    def add(self, expr: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
-        v = Value(f"t{len(self.lines) + 1}", dtype, shape)
-        self.lines.append(f"    {v.name} = {expr}")
-        self.values.append(v)
-        return v
-
+class _Builder(fuzz._Builder):
     def pick(self, pred=lambda v: True) -> Value | None:
         # integers only: a float cast of one is an output, not an operand
-        pool = [v for v in self.values if v.dtype in INTS and pred(v)]
-        return self.rng.choice(pool) if pool else None
-
-    def partner(self, v: Value) -> Value | None:
-        def ok(w: Value) -> bool:
-            try:
-                torch.broadcast_shapes(v.shape, w.shape)
-            except RuntimeError:
-                return False
-            return True
-
-        return self.pick(ok)
+        return super().pick(lambda v: v.dtype in INTS and pred(v))
 
     def binary(self) -> bool:
         v = self.pick()
@@ -210,7 +176,7 @@ KINDS = [
 ]
 
 
-def generate(seed: int) -> IntProgram:
+def generate(seed: int) -> Program:
     rng = random.Random(seed)
     b = _Builder(rng)
     inputs = []
@@ -232,15 +198,15 @@ def generate(seed: int) -> IntProgram:
     args = ", ".join(n for n, *_ in inputs)
     ret = ", ".join(v.name for v in outs)
     source = f"def program({args}):\n" + "\n".join(b.lines) + f"\n    return ({ret},)\n"
-    return IntProgram(seed, source, inputs)
+    return Program(seed, source, inputs, b.lines)
 
 
-def make_inputs(program: IntProgram) -> list[torch.Tensor]:
+def make_inputs(program: Program) -> list[torch.Tensor]:
     rng = random.Random(program.seed)
     return [ends(dtype, shape, rng) for _, dtype, shape in program.inputs]
 
 
-def check(program: IntProgram, device: str) -> list[str]:
+def check(program: Program, device: str) -> list[str]:
     """Run ``program`` compiled for ``device`` (inputs there) and eagerly on the CPU;
     return where they are not bit-equal."""
     fn = program.function()

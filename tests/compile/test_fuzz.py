@@ -5,7 +5,6 @@ inputs, half with CPU inputs compiled for saturn:0), a longer run on the GPU."""
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -17,12 +16,7 @@ CI_SEEDS = range(160)
 GPU_SEEDS = range(int(os.environ.get("SATURN_GPU_SEEDS", 150)))
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    # graphs that run uncompiled say so at WARNING; the fuzzer checks results, not logs
-    logging.getLogger("saturn").setLevel(logging.ERROR)
-    yield
-    logging.getLogger("saturn").setLevel(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_saturn")
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)

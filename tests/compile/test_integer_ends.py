@@ -5,7 +5,6 @@ a longer run on the GPU."""
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -18,11 +17,7 @@ CI_SEEDS = range(100)
 GPU_SEEDS = range(int(os.environ.get("SATURN_GPU_SEEDS", 300)))
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("saturn").setLevel(logging.ERROR)
-    yield
-    logging.getLogger("saturn").setLevel(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_saturn")
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
