@@ -65,6 +65,7 @@ class SaturationReport:
     iterations: list[IterationStats] = field(default_factory=list)
     stop_reason: str = ""  # "saturated" or the bound that stopped it
     seconds: float = 0.0  # wall time of the whole saturation
+    longest_run: float = 0.0  # the longest single ruleset run: how far a bound can overshoot
 
     @property
     def saturated(self) -> bool:
@@ -221,8 +222,10 @@ class Saturation:
     def _run_ruleset(self, name: str, matches: dict[str, int]) -> tuple[bool, bool]:
         """One scheduled run of a ruleset: (whether it changed the e-graph, whether the
         scheduler held no rule back)."""
+        t0 = time.perf_counter()
         try:
             out = self.egraph.run_program(*self._runs[name])
+            self.report.longest_run = max(self.report.longest_run, time.perf_counter() - t0)
         except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
             raise EqsatError(f"saturation failed in ruleset {name}: {e}") from None
         report = out[0].report
