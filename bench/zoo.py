@@ -213,7 +213,7 @@ def _timed(fn, args, sync, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def run_one(name: str, device: str, dtype_name: str, size: str) -> dict:
+def run_one(name: str, device: str, dtype_name: str, size: str, repeats: int = REPEATS) -> dict:
     import copy
 
     import saturn  # noqa: F401
@@ -297,8 +297,8 @@ def run_one(name: str, device: str, dtype_name: str, size: str) -> dict:
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
-    row["saturn_s"] = _timed(compiled, x_s, sync_sat)
-    row["eager_s"] = _timed(m_e, x_e, sync_ref)
+    row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
+    row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
     if gpu:
         row["saturn_peak"] = torch.saturn.max_memory_allocated(device)
         torch.cuda.reset_peak_memory_stats()
