@@ -416,3 +416,22 @@ def test_builtin_pattern_kernels_resolve_in_a_fresh_process():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("saturn::rmsnorm"), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "dtype, c3, fires",
+    [("f32", "0.044715", True), ("f32", "0.0447", False), ("bf16", "0.044715", False)],
+)
+def test_gelu_as_traced_fires_or_declines(dtype, c3, fires):
+    """The traced tanh-GELU pattern matches its exact constants in float32/float64 only: a
+    near-miss constant is another function, and a half type rounds after every op."""
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.pipeline import compile_graph
+
+    s = f"(Scalar {{}} {dtype})"
+    inner = f"(Add x (Mul (Mul (Mul x x) x) {s.format(c3)}))"
+    tanh = f"(Tanh (Mul {inner} {s.format(0.7978845608028654)}))"
+    term = f"(Mul (Mul x {s.format(0.5)}) (Add {tanh} {s.format(1.0)}))"
+    graph = parse_graph(f"(input x {dtype} [8])\n(let r {term})\n(output r)\n")
+    compiled = compile_graph(graph, rewrites=["patterns"], machine="gpu", io_on_device=True)
+    assert bool(compiled.report.rule_totals().get("gelu-tanh-as-traced", 0)) == fires
