@@ -24,6 +24,8 @@ EQ_SORTS = ("Tensor", "Expr", "TList")
 ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
 MATCH_LIMIT = 1_000  # the back-off scheduler's least per-rule match limit per run (egg's)
 _SCHED = "saturn-back-off"
+# a run expected to end within this share of the time bound past it still starts
+TIME_SLACK = 0.05
 CHECKPOINT_ENODES = 4  # checkpoints hold at most this many times max_enodes e-nodes
 
 
@@ -32,8 +34,9 @@ class Bounds:
     """When saturation stops: after ``iterations`` passes over the rulesets, once the
     e-graph would pass ``max_enodes`` (the pass that would is undone), or after
     ``seconds`` of wall time. Checked after every ruleset run, and every run is kept
-    small by a back-off scheduler (``Saturation``), so each bound holds whatever the rules
-    do."""
+    small by a back-off scheduler (``Saturation``); a run that would end past the time
+    bound (judged from the ruleset's last run and how much the e-graph grew since) is not
+    started, so each bound holds whatever the rules do."""
 
     iterations: int = 12
     max_enodes: int = 50_000
@@ -209,6 +212,8 @@ class Saturation:
         self._deadline = math.inf
         self._kept = 0
         self._pass_checkpoint = False
+        self._size = 0  # e-nodes after the last run (what _over read)
+        self._last: dict[str, tuple[float, int]] = {}  # ruleset -> (its last run's s, size)
 
     def _run(self, text: str, name: str):
         return self.egraph.run_program(*self.egraph.parse_program(text, filename=name))
@@ -225,7 +230,9 @@ class Saturation:
         t0 = time.perf_counter()
         try:
             out = self.egraph.run_program(*self._runs[name])
-            self.report.longest_run = max(self.report.longest_run, time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            self.report.longest_run = max(self.report.longest_run, took)
+            self._last[name] = (took, self._size)
         except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
             raise EqsatError(f"saturation failed in ruleset {name}: {e}") from None
         report = out[0].report
@@ -237,14 +244,32 @@ class Saturation:
         """The bound a run has crossed ("" while within them)."""
         if time.perf_counter() > self._deadline:
             return f"time bound ({self.bounds.seconds} s)"
-        if self.enodes() > self.bounds.max_enodes:
+        self._size = self.enodes()
+        if self._size > self.bounds.max_enodes:
             return f"size bound ({self.bounds.max_enodes} e-nodes)"
+        return ""
+
+    def _would_overrun(self, name: str) -> str:
+        """The time bound, if a run of ``name`` now would likely end past it: its last run's
+        time, scaled by how much the e-graph grew since (matching grows with it). A run
+        cannot be interrupted, so without this the bound overshoots by one run (a tenth
+        of a second and more on rules that explode); with it, by a misjudged one."""
+        last = self._last.get(name)
+        if last is None or self._deadline == math.inf:
+            return ""
+        took, size = last
+        expected = took * max(1.0, self._size / max(size, 1))
+        if time.perf_counter() + expected > self._deadline + TIME_SLACK * self.bounds.seconds:
+            return f"time bound ({self.bounds.seconds} s)"
         return ""
 
     def _analyse(self, matches: dict[str, int]) -> tuple[bool, str]:
         """The analysis ruleset to a fixpoint, one scheduled run at a time."""
         changed = False
         while True:
+            over = self._would_overrun("analysis")
+            if over:
+                return changed, over
             self._checkpoint()
             updated, settled = self._run_ruleset("analysis", matches)
             changed |= updated
@@ -259,6 +284,9 @@ class Saturation:
         matches: dict[str, int] = {}
         changed, settled, over = False, True, ""
         for r in self.rulesets:
+            over = self._would_overrun(r)
+            if over:
+                break
             self._checkpoint()
             updated, can_stop = self._run_ruleset(r, matches)
             changed, settled = changed or updated, settled and can_stop
@@ -299,6 +327,7 @@ class Saturation:
         start = time.perf_counter()
         self._deadline = start + self.bounds.seconds
         self._kept = 0  # e-nodes held by checkpoints
+        self._size = self.enodes()
         _, over = self._analyse({})
         while not over:
             if len(self.report.iterations) >= self.bounds.iterations:

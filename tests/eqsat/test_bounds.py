@@ -3,8 +3,10 @@ bound (commutativity, associativity, distributivity on a 12-term sum of products
 analysis rule that never stops, each stopped by the bound it meets, within 10% of it.
 
 The time bound is the behaviour under test here, not a performance claim: saturation
-checks the clock after every ruleset run, and the back-off scheduler keeps each run short,
-so the overshoot is one short run (milliseconds) on any machine."""
+checks the clock after every ruleset run, the back-off scheduler keeps each run short,
+and a run expected to end more than 5% past the bound (its ruleset's last run, scaled by
+the growth since) is not started. Runs on a loaded machine are slower and so is the
+estimate, so the wall time stays within 10% of the bound there too."""
 
 from __future__ import annotations
 
@@ -53,16 +55,13 @@ def saturate(text: str, rules, bounds: Bounds) -> tuple[Saturation, float]:
     return sat, time.perf_counter() - t0
 
 
-def test_the_time_bound_holds_on_an_exploding_rule_set(explode):
-    sat, wall = saturate(sum_of_products(), [explode], Bounds(10_000, HUGE, 1.0))
-    assert sat.report.stop_reason == "time bound (1.0 s)"
-    # within 10% on a quiet machine; on a loaded one a single run takes longer, and the
-    # promise is that the bound overshoots by at most the run in progress (and the final
-    # size query and undo)
-    assert 1.0 <= wall <= 1.0 + max(0.1, sat.report.longest_run + 0.1), (
-        wall,
-        sat.report.longest_run,
-    )
+@pytest.mark.parametrize("seconds", [0.5, 1.0, 2.0])
+def test_the_time_bound_holds_on_an_exploding_rule_set(explode, seconds):
+    sat, wall = saturate(sum_of_products(), [explode], Bounds(10_000, HUGE, seconds))
+    assert sat.report.stop_reason == f"time bound ({seconds} s)"
+    # within 10% of it; a stop before it (a run that would have crossed it) is allowed, but
+    # not long before: runs are a fraction of the bound
+    assert 0.5 * seconds <= wall <= 1.1 * seconds, (wall, sat.report.longest_run)
     assert len(sat.report.iterations) > 3  # it kept going until the clock stopped it
 
 
@@ -86,7 +85,7 @@ def test_a_growing_analysis_rule_is_stopped_by_the_time_bound(tmp_path):
     text = "(input x f32 [4])\n(let r (Exp x))\n(output r)\n"
     sat, wall = saturate(text, [grow], Bounds(12, HUGE, 1.0))
     assert sat.report.stop_reason == "time bound (1.0 s)"
-    assert wall <= 1.0 + max(0.1, sat.report.longest_run + 0.1), (wall, sat.report.longest_run)
+    assert 0.5 <= wall <= 1.1, (wall, sat.report.longest_run)
     sat, _ = saturate(text, [grow], Bounds(12, 3_000, 600.0))
     assert sat.report.stop_reason.startswith("size bound") and sat.enodes() <= 3_300
 
