@@ -123,6 +123,8 @@ class Recipe:
     # graph return positions to copy at every call, and those whose strides are checked
     _copy_at: tuple[int, ...] = field(default=(), repr=False)
     _layout_at: tuple[int, ...] = field(default=(), repr=False)
+    # positions eager returns packed in memory of their own (the rest of them)
+    _dense_at: tuple[int, ...] = field(default=(), repr=False)
     _position: dict[str, int] = field(default_factory=dict, repr=False)
     _consts: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -148,6 +150,12 @@ class Recipe:
         copy = [*own.copy, *(() if self.on_gpu else own.constants)]
         self._copy_at = tuple(at[k] for k in copy)
         self._layout_at = tuple(at[k] for k in own.layout)
+        checked = {*self._copy_at, *self._layout_at}
+        self._dense_at = tuple(
+            at[k]
+            for k in own.owned
+            if at[k] not in checked and _packed_spec(self.output_types[at[k]])
+        )
         if self.on_gpu:
             from .gpu_runner import GpuRunner
 
@@ -235,6 +243,11 @@ class Recipe:
             t, want = results[pos], self.output_types[pos].strides
             if not _same_layout(t, want):
                 results[pos] = self._fresh(t, pos, stats)
+        # eager's is packed: so is ours (a caller's .view() works as in eager), whatever
+        # layout the program wrote it in
+        for pos in self._dense_at:
+            if not results[pos].is_contiguous():
+                results[pos] = self._fresh(results[pos], pos, stats)
         return results
 
     def _fresh(self, t: torch.Tensor, pos: int, stats: CallStats) -> torch.Tensor:
@@ -366,6 +379,18 @@ class Recipe:
             raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")
         dest.copy_(r)
         return out
+
+
+def _packed_spec(spec: InputSpec | None) -> bool:
+    """A tensor output whose eager strides are known and packed."""
+    if spec is None or spec.dtype is None or spec.strides is None:
+        return False
+    packed, step = [], 1
+    for n in reversed(spec.shape):
+        packed.append(step)
+        step *= n
+    strides = zip(spec.shape, spec.strides, reversed(packed), strict=True)
+    return step == 0 or all(n < 2 or a == b for n, a, b in strides)
 
 
 def _same_layout(t: torch.Tensor, strides: tuple[int, ...] | None) -> bool:

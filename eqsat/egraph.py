@@ -24,8 +24,11 @@ EQ_SORTS = ("Tensor", "Expr", "TList")
 ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
 MATCH_LIMIT = 1_000  # the back-off scheduler's least per-rule match limit per run (egg's)
 _SCHED = "saturn-back-off"
-# a run expected to end within this share of the time bound past it still starts
+# a run expected to end within this share of the time bound past it still starts; the
+# expectation is twice the last run's time scaled by growth (a run's time varies with the
+# machine's load, and an overshoot cannot be taken back, an early stop costs little)
 TIME_SLACK = 0.05
+TIME_MARGIN = 2.0
 CHECKPOINT_ENODES = 4  # checkpoints hold at most this many times max_enodes e-nodes
 
 
@@ -258,7 +261,7 @@ class Saturation:
         if last is None or self._deadline == math.inf:
             return ""
         took, size = last
-        expected = took * max(1.0, self._size / max(size, 1))
+        expected = TIME_MARGIN * took * max(1.0, self._size / max(size, 1))
         if time.perf_counter() + expected > self._deadline + TIME_SLACK * self.bounds.seconds:
             return f"time bound ({self.bounds.seconds} s)"
         return ""

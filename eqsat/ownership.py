@@ -36,6 +36,10 @@ class OutputOwnership:
     layout: tuple[int, ...] = ()
     # the program root each copied position was found on (for explain and the tests)
     why: tuple[str, ...] = ()
+    # positions whose eager output owns its memory (no view of an input): the executor
+    # may give them eager's layout where the program's differs (a kernel that writes a
+    # permuted layout, a reshape copied in another order, a device copy of a view)
+    owned: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.copy or self.constants or self.layout)
@@ -68,13 +72,14 @@ def output_ownership(graph: Graph, prog: Program) -> OutputOwnership:
         )
     steps = {s.output: s for s in prog.steps}
     input_of = {v: n for n, v in prog.inputs.items()}
-    copy, constants, layout, why = [], [], [], []
+    copy, constants, layout, why, owned = [], [], [], [], []
     owner: dict[tuple[str, str], Root] = {}  # program root -> the eager memory it serves
     for k, (name, value) in enumerate(zip(graph.outputs, prog.outputs, strict=True)):
         eager = graph_root(graph, name)
         kind, root = program_root(prog, value)
         if eager[0] == "input":
             continue  # eager's output views an input: so may ours
+        owned.append(k)
         if kind in ("input", "const"):
             (copy if kind == "input" else constants).append(k)
             what = f"input {input_of.get(root, root)}" if kind == "input" else f"constant {root}"
@@ -87,4 +92,4 @@ def output_ownership(graph: Graph, prog: Program) -> OutputOwnership:
             continue
         if steps[value].kind == "view":
             layout.append(k)
-    return OutputOwnership(tuple(copy), tuple(constants), tuple(layout), tuple(why))
+    return OutputOwnership(tuple(copy), tuple(constants), tuple(layout), tuple(why), tuple(owned))

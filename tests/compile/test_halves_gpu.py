@@ -76,7 +76,8 @@ def test_a_half_mlp_block_runs_library_products_and_replays(dtype):
 
     prog = recipe.program
     gemms = [k.attrs["epilogue"] for k in prog.kernels if k.kind == "gemm"]
-    assert gemms == ["relu_bias", "bias"], prog.to_text()
+    # cuBLASLt's half ReLU epilogue turns NaN into 0 (decision 0054): the ReLU is a loop
+    assert gemms == ["bias", "bias"], prog.to_text()
     assert prog.count("host") == 0 and recipe.last.crossings == 0
     assert all(isinstance(p, LtPlan) for _, p in recipe.runner.plans.values())
     assert recipe.runner.replays >= 1

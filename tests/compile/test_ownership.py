@@ -97,6 +97,25 @@ def test_cpu_inputs_are_never_handed_back(names):
         _check_owned(g(x), f(x.clone()), x, x.clone())
 
 
+@pytest.mark.parametrize(
+    "names",
+    [("t", "times_one"), ("t", "cast"), ("permute", "times_one"), ("t", "times_one", "t")],
+    ids="-".join,
+)
+def test_outputs_of_transposed_cpu_inputs_are_laid_out_as_eager_s(dev, names):
+    """A CPU input that is a transpose is copied packed to where the program reads it, so
+    the program computes in the other layout: ``x.t() * 1`` is packed in eager and a
+    transposed view in the program, which a crossing back to the CPU kept (found by the
+    fuzzer on the GPU). The output is handed out packed, as eager's."""
+    f = _chain(names)
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="saturn", options={"device": dev}, dynamic=False)
+    x = torch.arange(12.0).reshape(4, 3).t()  # (3, 4), strides (1, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            _check_owned(g(x), f(x.clone()), x, x.clone())
+
+
 def test_a_module_returning_its_weight_transposed_cannot_be_zeroed_through_it(dev):
     class M(torch.nn.Module):
         def __init__(self):
