@@ -19,7 +19,8 @@ import torch
 import torch.fx
 
 from saturn.eqsat import optable as ot
-from saturn.eqsat.graph import Graph, Node, float_bits
+from saturn.eqsat.graph import Graph, Node, bits_float, float_bits
+from saturn.eqsat.types import broadcast
 
 DTYPES = {
     torch.bool: "bool",
@@ -766,6 +767,8 @@ def _h_index(imp: _Importer, node: torch.fx.Node):
     if done is not None:
         return done
     x, indices = node.args[:2]
+    if len(indices) > 1:
+        return _index_several(imp, node)
     if len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
         return None
     table, index = imp.env[x.name], imp.env[indices[0].name]
@@ -774,6 +777,123 @@ def _h_index(imp: _Importer, node: torch.fx.Node):
         return None
     index = _wrapped(imp, index, tn.shape[0])
     return _take_rows(imp, table, index, node.name, _tensor_type(node)[1], node.name)
+
+
+def _index_several(imp: _Importer, node: torch.fx.Node) -> str | None:
+    """x[i0, i1, ..., ik-1] with index tensors on the first k axes (a mask built from
+    broadcast aranges, as Hugging Face's mask functions do): one take of x viewed as
+    (x.shape[0] * ... * x.shape[k-1]) rows by the flat index ``((i0 * s1) + i1) * s2 ...``
+    of the broadcast indices. Only where every index is known in range at compile time
+    (an arange, shifted by constants, through views): a flat index in range does not mean
+    each is, so an index read at the call would not raise as PyTorch does, per axis and
+    with its own value. Others stay PyTorch's op."""
+    x, indices = node.args[:2]
+    if not all(isinstance(i, torch.fx.Node) for i in indices):
+        return None  # a None entry: an axis taken whole before an indexed one
+    xn = imp.g.nodes[imp.env[x.name]]
+    k = len(indices)
+    names = [imp.env[i.name] for i in indices]
+    if len(xn.shape) < k or any(imp.g.nodes[n].dtype not in ot.INDEX_DTYPES for n in names):
+        return None
+    for n, size in zip(names, xn.shape[:k], strict=False):
+        bounds = _static_range(imp, n)
+        if bounds is None or bounds[0] < 0 or bounds[1] >= size:
+            return None
+    flat = imp.cast(names[0], "i64")
+    for n, size in zip(names[1:], xn.shape[1:k], strict=True):
+        a, b = imp.g.nodes[flat], imp.g.nodes[n]
+        shape = broadcast(a.shape, b.shape)
+        scaled = imp.add(
+            Node(imp.fresh("index_row"), "Mul", (flat, imp.scalar(size, "i64")), (), "i64", a.shape)
+        )
+        flat = imp.add(
+            Node(imp.fresh("index_flat"), "Add", (scaled, imp.cast(n, "i64")), (), "i64", shape)
+        )
+    rows = (math.prod(xn.shape[:k]), *xn.shape[k:])
+    table = imp.add(Node(imp.fresh("index_table"), "View", (xn.name,), (rows,), xn.dtype, rows))
+    return _take_rows(imp, table, flat, node.name, _tensor_type(node)[1], node.name)
+
+
+CUMSUM_MAX_LENGTH = 4096  # longest axis scanned as a masked sum (work grows with its square)
+CUMSUM_MAX_TERMS = 1 << 26  # elements x axis length, the masked sum's terms
+
+
+def _h_cumsum(imp: _Importer, node: torch.fx.Node):
+    """cumsum of integers or bools (position ids from a padding mask, the mask functions'
+    packed-sequence check): ``out[..., j] = sum(x[..., k] for k <= j)``, a masked sum over a
+    (j, k) grid of the axis moved last, in the result's dtype. Integer sums wrap the same
+    in any order, so this gives PyTorch's bits; a float cumsum (whose rounding depends on
+    the order) and axes too long for a quadratic sum stay PyTorch's op."""
+    x, dim = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = _tensor_type(node)
+    if type(dim) is not int or dtype not in ot.INTS or xn.dtype not in (*ot.INTS, "bool"):
+        return None
+    if not xn.shape:
+        return None
+    rank = len(xn.shape)
+    dim %= rank
+    n = xn.shape[dim]
+    if n in MARKERS or n > CUMSUM_MAX_LENGTH or math.prod(xn.shape) * n > CUMSUM_MAX_TERMS:
+        return None
+    if n <= 1:
+        return imp.add(Node(node.name, "Cast", (xn.name,), (dtype,), dtype, shape), node.name)
+    perm = (*(d for d in range(rank) if d != dim), dim)
+    acc = "i64"  # an integer Sum is int64 (as PyTorch's); the result's dtype wraps the same
+    cur = imp.cast(xn.name, acc)
+    moved = tuple(xn.shape[d] for d in perm)
+    if dim != rank - 1:
+        cur = imp.add(Node(imp.fresh("scan_last"), "Permute", (cur,), (perm,), acc, moved))
+    row = (*moved[:-1], 1, n)  # each row once per output position j
+    cur = imp.add(Node(imp.fresh("scan_row"), "View", (cur,), (row,), acc, row))
+    j = imp.add(Node(imp.fresh("scan_j"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+    j = imp.add(Node(imp.fresh("scan_jv"), "View", (j,), ((n, 1),), "i64", (n, 1)))
+    k = imp.add(Node(imp.fresh("scan_k"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+    upto = imp.add(Node(imp.fresh("scan_upto"), "Le", (k, j), (), "bool", (n, n)))
+    grid = (*moved[:-1], n, n)
+    zero = imp.scalar(0, acc)
+    terms = imp.add(Node(imp.fresh("scan_terms"), "Where", (upto, cur, zero), (), acc, grid))
+    last = dim == rank - 1 and dtype == acc
+    name = node.name if last else imp.fresh("scan_sum")
+    total = imp.add(Node(name, "Sum", (terms,), ((rank,), 0), acc, moved), name if last else None)
+    if last:
+        return total
+    if dim != rank - 1:
+        back = tuple(perm.index(d) for d in range(rank))
+        total = imp.add(Node(imp.fresh("scan_back"), "Permute", (total,), (back,), acc, shape))
+    return imp.add(Node(node.name, "Cast", (total,), (dtype,), dtype, shape), node.name)
+
+
+def _static_range(imp: _Importer, name: str) -> tuple[int, int] | None:
+    """The least and greatest element of an integer value known at compile time: an
+    arange, through views (which only rearrange or repeat its elements) and additions or
+    subtractions of integer constants (``2 - arange(3)``); None for anything else. The
+    value is kept as ``sign * n + shift`` of the node ``n`` reached so far."""
+    sign, shift, n = 1, 0, imp.g.nodes[name]
+    while True:
+        if n.op == "Arange":
+            start, step, count, _ = n.attrs
+            if count <= 0:
+                return None
+            ends = [sign * e + shift for e in (start, start + step * (count - 1))]
+            return min(ends), max(ends)
+        if n.row is not None and n.row.category == ot.MOVEMENT:
+            n = imp.g.nodes[n.args[0]]
+            continue
+        if n.op in ("Add", "Sub") and len(n.args) == 2:
+            a, b = (imp.g.nodes[v] for v in n.args)
+            const = [c.op == "Scalar" and c.dtype in ot.INTS for c in (a, b)]
+            if const[1]:  # a + c, a - c
+                c = int(bits_float(b.attrs[0]))
+                shift += sign * (c if n.op == "Add" else -c)
+                n = a
+                continue
+            if const[0]:  # c + b, c - b
+                shift += sign * int(bits_float(a.attrs[0]))
+                sign = sign if n.op == "Add" else -sign
+                n = b
+                continue
+        return None
 
 
 def _wrapped(imp: _Importer, index: str, rows: int) -> str:
@@ -2019,6 +2139,7 @@ _HANDLERS = {
     "aten.repeat.default": _h_repeat,
     "aten._unsafe_index.Tensor": _h_index_repeat,
     "aten.index.Tensor": _h_index,
+    "aten.cumsum.default": _h_cumsum,
     "aten.embedding.default": _h_embedding,
     "aten.index_select.default": _h_index_select,
     "aten.index_put.default": _h_index_put,
