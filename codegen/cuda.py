@@ -1764,7 +1764,9 @@ def load(g: Generated, cc: tuple[int, int]):
         if not (cubin_path.exists() and name_path.exists()):
             text = ptx(g, cc)
             write_atomic(ptx_path, text.encode())
-            name_path.write_text(entry_name(text))
+            # atomically: a process compiling the same kernel at once (pytest-xdist, one
+            # process per GPU) reads this file as soon as the cubin exists
+            write_atomic(name_path, entry_name(text).encode())
             try:
                 # cuda.core hands in-memory PTX to nvJitLink as a file name: give it the file
                 linker = Linker(
