@@ -84,7 +84,12 @@ class ConvPlan:
         TF32)."""
         import cudnn
 
-        types = {"f32": cudnn.data_type.FLOAT, "f64": cudnn.data_type.DOUBLE}
+        types = {
+            "f32": cudnn.data_type.FLOAT,
+            "f64": cudnn.data_type.DOUBLE,
+            "f16": cudnn.data_type.HALF,
+            "bf16": cudnn.data_type.BFLOAT16,
+        }
         if x.dtype not in types:
             raise ConvError(f"no cuDNN convolution plan for dtype {x.dtype}")
         if len(x.shape) != 4 or len(w.shape) != 4:
@@ -107,11 +112,16 @@ class ConvPlan:
         if tuple(out.shape) != want:
             raise ConvError(f"output {list(out.shape)} is not PyTorch's {list(want)}")
         t = types[x.dtype]
+        # half operands accumulate in float32 and round once (as eager's cuDNN call does)
+        acc = cudnn.data_type.FLOAT if x.dtype in ("f16", "bf16") else t
         self.stream = stream
         self.handle = _handle(stream)
         try:
             g = cudnn.pygraph(
-                io_data_type=t, intermediate_data_type=t, compute_data_type=t, handle=self.handle
+                io_data_type=t,
+                intermediate_data_type=acc,
+                compute_data_type=acc,
+                handle=self.handle,
             )
             gx = g.tensor(name="x", dim=list(x.shape), stride=list(x.strides), data_type=t)
             gw = g.tensor(name="w", dim=list(w.shape), stride=list(w.strides), data_type=t)
@@ -121,14 +131,14 @@ class ConvPlan:
                 padding=list(p.padding),
                 stride=list(p.stride),
                 dilation=list(p.dilation),
-                compute_data_type=t,
+                compute_data_type=acc,
             )
             tensors = [gx, gw]
             if bias is not None:
                 gb = g.tensor(
                     name="b", dim=[1, w.shape[0], 1, 1], stride=[w.shape[0], 1, 1, 1], data_type=t
                 )
-                gy = g.add(a=gy, b=gb, compute_data_type=t)
+                gy = g.add(a=gy, b=gb, compute_data_type=acc)
                 tensors.append(gb)
             gy.set_output(True).set_data_type(t)
             inferred = tuple(gy.get_dim()) if gy.get_dim() else want

@@ -1580,18 +1580,26 @@ def _h_group_norm(imp: _Importer, node: torch.fx.Node):
 
 
 def _h_convolution(imp: _Importer, node: torch.fx.Node):
+    """A 2-D convolution. A half one with a bias on a GPU target is the product rounded to
+    the half type, plus the bias, rounded again: how eager CUDA computes it (cuDNN's
+    convolution, then an add), so the add is an elementwise op that fuses."""
     x, w, b, stride, padding, dilation, transposed, _out_pad, groups = node.args
     if transposed or len(stride) != 2:
         return None
     dtype, shape = _tensor_type(node)
     attrs = (tuple(stride), tuple(padding), tuple(dilation), int(groups))
-    if b is None:
-        return imp.add(
-            Node(
-                node.name, "Conv2dNoBias", (imp.env[x.name], imp.env[w.name]), attrs, dtype, shape
-            ),
-            node.name,
+    if b is None or (imp.gpu and dtype in ot.HALVES):
+        name = node.name if b is None else imp.fresh("conv")
+        conv = imp.add(
+            Node(name, "Conv2dNoBias", (imp.env[x.name], imp.env[w.name]), attrs, dtype, shape),
+            name if b is None else None,
         )
+        if b is None:
+            return conv
+        bn = imp.g.nodes[imp.env[b.name]]
+        tail = (shape[1],) + (1,) * (len(shape) - 2)
+        bias = imp.add(Node(imp.fresh("conv_bias"), "View", (bn.name,), (tail,), bn.dtype, tail))
+        return imp.add(Node(node.name, "Add", (conv, bias), (), dtype, shape), node.name)
     return imp.add(
         Node(
             node.name,

@@ -35,6 +35,8 @@ WIDE_FLOATS = ("f32", "f64")
 # (cuBLASLt) and round once.
 HALVES = ("f16", "bf16")
 HALF_GEMMS = ("MatMul", "BatchMatMul", "Addmm")
+# convolutions on half operands: cuDNN, float32 accumulation (the fact covers Conv2dNoBias)
+HALF_CONVS = ("Conv2d",)
 
 NUMPY_DTYPE = {
     "bool": np.bool_,

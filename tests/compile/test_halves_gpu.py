@@ -5,6 +5,8 @@ eager PyTorch on the CPU, with proof of where the work ran."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -178,3 +180,47 @@ def test_half_reductions_compile_to_float32_accumulators(dtype):
     for g, w in zip(got, f(x.float()), strict=True):
         assert g.dtype == dtype
         torch.testing.assert_close(g.cpu(), w.to(dtype), rtol=rtol, atol=max(atol, rtol))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_half_conv_block_runs_cudnn_and_loops(dtype):
+    """A half conv (with and without bias, grouped) + batch norm + ReLU block: the
+    convolutions are cuDNN plans of the half type (float32 accumulation), a bias is added
+    after the rounded product as eager CUDA adds it, and the batch norm is the float32
+    norm of the widened values rounded once, fused into a loop; nothing on the host.
+    Against eager CUDA in the half type and eager float32 on the CPU."""
+    torch.manual_seed(6)
+    block = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1, bias=False),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise, with a bias
+        torch.nn.BatchNorm2d(16),
+    ).eval()
+    with torch.no_grad():
+        for m in block:  # statistics that are not the identity
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(4, 8, 20, 20)
+    with torch.no_grad():
+        want32 = block(x)
+        half = block.to(dtype)
+        cuda = copy.deepcopy(half).to("cuda")(x.to("cuda", dtype)).float().cpu()
+        half.to(GPU)
+        cfn, got, recipe, fb = compile_last(half, x.to(GPU, dtype))
+        again = cfn(x.to(GPU, dtype))  # replayed
+    assert torch.equal(again.cpu(), got.cpu())
+    prog = recipe.program
+    assert prog.count("host") == 0 and recipe.last.crossings == 0, prog.to_text()
+    convs = [k for k in prog.kernels if k.kind == "conv"]
+    name = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    assert len(convs) == 2 and all(k.dtype == name for k in convs), prog.to_text()
+    assert not any(k.attrs["bias"] for k in convs), prog.to_text()  # added by a loop
+    assert saturn.fallback_counts() == fb
+    assert got.dtype == dtype
+    err = (got.cpu().float() - want32).abs().max().item()
+    eager_err = (cuda - want32).abs().max().item()
+    assert err <= 2 * max(eager_err, 1e-3), (err, eager_err)
