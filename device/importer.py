@@ -1431,6 +1431,63 @@ def _h_constant_pad(imp: _Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Pad", (xn.name,), attrs, dtype, shape), node.name)
 
 
+def _h_slice_scatter(imp: _Importer, node: torch.fx.Node):
+    """slice_scatter(base, src, dim, start, end, 1): base with ``[start:end]`` along ``dim``
+    replaced by src (a slice assignment, functionalised: Bart's shifted decoder ids, Swin's
+    window masks). src padded to base's shape, then selected where ``start <= i < end``
+    along ``dim`` (an arange compared, broadcast): data movement and selects, exact for
+    every value. Bounds are Python's slice bounds (clamped); a step other than 1, and
+    symbolic sizes or bounds, stay PyTorch's op."""
+    args = [*node.args, *[None] * (6 - len(node.args))]
+    names = ("self", "src", "dim", "start", "end", "step")
+    base, src, dim, start, end, step = (
+        node.kwargs.get(k, a) if a is None else a for k, a in zip(names, args, strict=True)
+    )
+    dim = 0 if dim is None else dim
+    step = 1 if step is None else step
+    if not all(v is None or type(v) is int for v in (dim, start, end)) or step != 1:
+        return None
+    bn, sn = imp.g.nodes[imp.env[base.name]], imp.g.nodes[imp.env[src.name]]
+    dtype, shape = _tensor_type(node)
+    rank = len(shape)
+    if rank == 0 or bn.dtype != dtype or sn.dtype != dtype or tuple(bn.shape) != tuple(shape):
+        return None
+    dim %= rank
+    n = shape[dim]
+    if any(v in MARKERS for v in shape) or any(v in MARKERS for v in sn.shape):
+        return None
+    lo, hi, _ = slice(start, end).indices(n)
+    hi = max(hi, lo)
+    want = tuple(hi - lo if d == dim else shape[d] for d in range(rank))
+    if tuple(sn.shape) != want:
+        return None
+    if (lo, hi) == (0, n) or lo == hi:  # the whole of base (src's values), or none of it
+        whole = sn.name if lo < hi else bn.name
+        return imp.add(Node(node.name, "Cast", (whole,), (dtype,), dtype, shape), node.name)
+    pads = [0] * (2 * rank)
+    pads[2 * dim], pads[2 * dim + 1] = lo, n - hi
+    fill = float_bits(0.0)
+    padded = imp.add(
+        Node(imp.fresh("scatter_pad"), "Pad", (sn.name,), (tuple(pads), fill), dtype, shape)
+    )
+    axis = tuple(n if d == dim else 1 for d in range(rank))
+    idx = imp.add(Node(imp.fresh("scatter_i"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+    idx = imp.add(Node(imp.fresh("scatter_iv"), "View", (idx,), (axis,), "i64", axis))
+    out = padded
+    for op, bound, edge in (("Lt", hi, n), ("Ge", lo, 0)):
+        if bound == edge:  # the slice reaches this end: no test
+            continue
+        inside = imp.add(
+            Node(imp.fresh("scatter_in"), op, (idx, imp.scalar(bound, "i64")), (), "bool", axis)
+        )
+        last = op == "Ge" or lo == 0
+        name = node.name if last else imp.fresh("scatter_sel")
+        out = imp.add(
+            Node(name, "Where", (inside, out, bn.name), (), dtype, shape), name if last else None
+        )
+    return out
+
+
 def _h_avg_pool2d(imp: _Importer, node: torch.fx.Node):
     """avg_pool2d over windows that tile the image: the mean of each window. Overlapping or
     padded windows (padding counted, PyTorch's default): a sum of strided slices divided
@@ -2161,6 +2218,7 @@ _HANDLERS = {
     "aten.max_pool2d_with_indices.default": _h_max_pool2d,
     "aten.avg_pool2d.default": _h_avg_pool2d,
     "aten.constant_pad_nd.default": _h_constant_pad,
+    "aten.slice_scatter.default": _h_slice_scatter,
     **{
         f"aten._foreach_{kind}.{overload}": _h_foreach(kind)
         for kind, overloads in _FOREACH.items()
