@@ -120,8 +120,14 @@ def int_helpers(decorator: str) -> str:
     8-, 16- and 32-bit operands are widened to int64, where no sum, difference or product
     of two of them overflows, and truncated back (LLVM's trunc: the low bits); int64 goes
     through uint64, whose overflow is defined (modulo 2^64), and back. ``wrap_<t>`` is the
-    truncation alone (a floored ``%`` or ``//`` computed wider)."""
-    out = []
+    truncation alone (a floored ``%`` or ``//`` computed wider). ``fmod_int`` is C's
+    truncating remainder from the floored one, for a divisor b >= 1 (the only integer
+    divisors the op table admits): a negative dividend with a nonzero floored remainder r
+    has the truncated remainder r - b."""
+    out = [
+        f"\n{decorator}\ndef fmod_int(a, b):\n    r = a % b\n"
+        "    return r - b if r != 0 and a < 0 else r\n"
+    ]
     for it in ("u8", "i8", "i16", "i32", "i64"):
         t = NUMBA_TYPE[it]
         w = "np.uint64" if it == "i64" else "np.int64"

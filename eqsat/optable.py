@@ -76,7 +76,6 @@ FLOAT_OPERANDS = frozenset(
         "Sin",
         "Cos",
         "Atan2",
-        "Fmod",
         "Floor",
         "Ceil",
         "Trunc",
@@ -98,10 +97,11 @@ FLOAT_OPERANDS = frozenset(
 
 # Ops that take integer operands only with a constant divisor b, 1 <= b <= 2^53, that fits
 # the dtype. PyTorch raises on an integer zero divisor, which a kernel cannot do; with such a
-# b neither op can raise, overflow or round (floored division of integers, PyTorch's rule:
-# the remainder has the divisor's sign, here in [0, b)), and b is exact as the float64 a
-# Scalar holds. Anything else of integers stays PyTorch's op.
-CONSTANT_DIVISOR = frozenset(("Remainder", "FloorDiv"))
+# b no op can raise, overflow or round (floored division of integers, PyTorch's rule: the
+# remainder has the divisor's sign, here in [0, b); fmod truncates, C's %: the remainder
+# has the dividend's sign, in (-b, b)), and b is exact as the float64 a Scalar holds.
+# Anything else of integers stays PyTorch's op.
+CONSTANT_DIVISOR = frozenset(("Remainder", "FloorDiv", "Fmod"))
 MAX_DIVISOR = 2**53
 
 
@@ -520,14 +520,17 @@ OPS: tuple[Op, ...] = (
         "Div", 2, "{0} / {1}", _div, DEVICE_FLOATS, ("aten.div.Tensor", "aten.div.Scalar"), flops=2
     ),
     # PyTorch's float fmod, remainder and floor division (expr.helpers spells them per
-    # target); integer operands stay PyTorch's (a zero divisor raises there)
+    # target); integer operands by a constant divisor only (CONSTANT_DIVISOR: a zero
+    # divisor raises in PyTorch)
     _ew(
         "Fmod",
         2,
         "fmod_{ft}({0}, {1})",
         _binary(np.fmod),
+        DEVICE_NUMERIC,  # integers by a constant divisor only (CONSTANT_DIVISOR)
         aten=("aten.fmod.Tensor", "aten.fmod.Scalar"),
         flops=8,
+        int_expr="wrap_{it}(fmod_int({0}, {1}))",
     ),
     _ew(
         "Remainder",

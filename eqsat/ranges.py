@@ -7,9 +7,10 @@ intervals worked out from how the program makes a value: a constant or an ``Aran
 exactly; a view (reshape, expand, slice, permute) holds a subset of its source's values;
 a loop's body is evaluated over intervals (its operands' bounds, constants, ``minimum``,
 ``maximum``, ``add``, ``sub``, ``mul``, ``neg``, the floored ``remainder`` and ``floordiv``
-by a constant, comparisons and ``where``); anything else is unbounded. Only integer values
-are bounded, and an arithmetic result only while it stays within the range of the
-narrowest integer type the loop reads or writes (so no step can wrap around) and within
+and the truncating ``fmod`` by a constant, comparisons and ``where``); anything else is
+unbounded. Only integer values are bounded, and an arithmetic result only while it stays
+within the range of the narrowest integer type the loop reads or writes (so no step can
+wrap around) and within
 2^53 (exact as a float): an interval is never narrower than the values it describes.
 
 Booleans inside a body are the intervals (0, 0), (1, 1) or (0, 1): a comparison that
@@ -93,12 +94,16 @@ def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
             return UNBOUNDED  # an infinite end times 0 has no bound
         ends = [x * y for x in kids[0] for y in kids[1]]
         return _within((min(ends), max(ends)), limits)
-    if op in ("remainder", "floordiv") and len(kids) == 2:  # integers, floored
+    if op in ("remainder", "floordiv", "fmod") and len(kids) == 2:  # integers
         (a, b), n = kids[0], _divisor(kids[1])
         if n is None:
             return UNBOUNDED
         if op == "remainder":
             return (a, b) if 0 <= a and b < n else (0.0, float(n - 1))
+        if op == "fmod":  # truncated: the dividend's sign, |r| < n
+            if 0 <= a and b < n or -n < a and b <= 0:
+                return (a, b)
+            return (0.0 if a >= 0 else float(1 - n), 0.0 if b <= 0 else float(n - 1))
         return (_floor_div(a, n), _floor_div(b, n))
     if op in ("minimum", "clampmax") and len(kids) == 2:
         (a, b), (c, d) = kids

@@ -250,7 +250,7 @@ def _constant_divisor_placement(op: ot.Op) -> list[str]:
     ld = "(Ld (ToDev x0)) (Ld (ToDev (Scalar b d)))"
     return [
         f";; {op.name}: floats by any divisor; integers by a constant 1 <= b <= 2^53 only, where"
-        " floored % and // cannot raise or overflow (decision 0048)",
+        " floored % and // and truncating fmod cannot raise or overflow (decision 0048)",
         f"(rule ((= e ({op.name} x0 x1)) (= d (dtype x0)) (float-dtype d)"
         f' (device-dtype "{op.name}" d))'
         f" ((union e (ToHost (Loop ({op.device_expr} (Ld (ToDev x0)) (Ld (ToDev x1)))))))"

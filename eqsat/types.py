@@ -226,7 +226,7 @@ def infer(graph, node) -> tuple[str, Shape]:
 
 
 def _constant_divisor(op: str, divisor, dtype: str) -> None:
-    """An integer Remainder or FloorDiv divides by a Scalar the op table admits."""
+    """An integer Remainder, FloorDiv or Fmod divides by a Scalar the op table admits."""
     value = bits_float(divisor.attrs[0]) if divisor.op == "Scalar" else None
     if value is None or not ot.constant_divisor(value, dtype):
         raise ValueError(

@@ -25,6 +25,9 @@ DIVISIONS = {
     "div floor": lambda x: torch.div(x, 3, rounding_mode="floor"),
     "remainder by 2^53": lambda x: torch.remainder(x, 2**53),
     "int32": lambda x: (x.int() % 6) + x.int() // 4,
+    "fmod": lambda x: torch.fmod(x, 5),  # truncating: the dividend's sign
+    "fmod int32": lambda x: torch.fmod(x.int(), 3) * 2,
+    "fmod by 1": lambda x: torch.fmod(x, 1),
 }
 TAKES = {  # (x shape, index shape, dim)
     "last axis": ((4, 5), (4, 3), 1),
@@ -67,6 +70,16 @@ def test_take_along_dim_runs_with_no_host_op_and_a_bounded_take(name):
     assert indices_in_range(prog, take), prog.to_text()
 
 
+@pytest.mark.parametrize("shift", [3, -2, 7])
+def test_roll_is_a_take_at_wrapped_positions_with_no_host_op(shift):
+    """torch.roll decomposes to index_select at ``fmod(arange + start, n)`` (Swin's shifted
+    windows): the fmod is a loop and the take is seen to stay in range."""
+    x = special_values((5, 6))
+    compile_and_compare(lambda x: torch.roll(x, shift, 1) + 1, x, rtol=0, atol=0)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+
+
 def test_a_gather_of_caller_indices_keeps_its_check():
     """The same take without the wrap: the caller's indices are unbounded."""
     x, i = special_values((4, 5)), torch.randint(0, 5, (4, 3))
@@ -84,8 +97,10 @@ def test_a_gather_of_caller_indices_keeps_its_check():
         (lambda x: x // -1, "aten.floor_divide.default"),
         (lambda x: x % (2**53 + 1), "aten.remainder.Scalar"),
         (lambda x: torch.div(x, 2, rounding_mode="trunc"), "aten.div.Tensor_mode"),
+        (lambda x: torch.fmod(x, torch.full_like(x, 3)), "aten.fmod.Tensor"),
+        (lambda x: torch.fmod(x, -3), "aten.fmod.Scalar"),
     ],
-    ids=["tensor", "negative", "minus-one", "past-2^53", "trunc"],
+    ids=["tensor", "negative", "minus-one", "past-2^53", "trunc", "fmod-tensor", "fmod-negative"],
 )
 def test_other_integer_divisors_stay_pytorch_ops(fn, op):
     compile_and_compare(fn, EXTREMES[1:], rtol=0, atol=0)  # -2^63 // -1 overflows in PyTorch

@@ -73,6 +73,9 @@ def wrap(n: int, dtype: str = "i64") -> str:
         (f"(FloorDiv {clamp(0, 29)} (Scalar 3 i64))", True),  # [0, 9]
         (f"(FloorDiv {clamp(0, 30)} (Scalar 3 i64))", False),  # [0, 10]
         (f"(FloorDiv {clamp(-3, 29)} (Scalar 3 i64))", False),  # floored: -1
+        (f"(Fmod {clamp(0, 40)} (Scalar 10 i64))", True),  # truncated, nonnegative: [0, 9]
+        (f"(Fmod {clamp(-1, 40)} (Scalar 10 i64))", False),  # the dividend's sign: -1
+        (f"(Fmod {clamp(0, 40)} (Scalar 11 i64))", False),  # [0, 10]
         (f"(Mul {clamp(0, 4)} (Scalar 2 i64))", True),  # [0, 8]
         (f"(Mul {clamp(0, 5)} (Scalar 2 i64))", False),  # [0, 10]
         (f"(Mul {clamp(-1, 4)} {clamp(-1, 4)})", False),  # [-4, 16]
