@@ -101,7 +101,7 @@ def _body(e: tuple, operands: list[Interval], limits: Interval) -> Interval:
         if op == "remainder":
             return (a, b) if 0 <= a and b < n else (0.0, float(n - 1))
         if op == "fmod":  # truncated: the dividend's sign, |r| < n
-            if 0 <= a and b < n or -n < a and b <= 0:
+            if (0 <= a and b < n) or (-n < a and b <= 0):
                 return (a, b)
             return (0.0 if a >= 0 else float(1 - n), 0.0 if b <= 0 else float(n - 1))
         return (_floor_div(a, n), _floor_div(b, n))
