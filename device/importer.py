@@ -572,6 +572,43 @@ def _h_shape_view(imp: _Importer, node: torch.fx.Node):
     )
 
 
+def _packed_strides(shape) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(tuple(shape)):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
+
+
+def _h_as_strided(imp: _Importer, node: torch.fx.Node):
+    """as_strided(x, size, stride, 0) that only re-describes x's elements in their order: a
+    View. That holds where, leaving out extents of 1 (whose strides address nothing), the
+    result's extents and strides are x's (a pool's ``[N, C, 1, 1]`` result given
+    channels-last strides), or x is packed and the result's strides are the packed ones of
+    its shape (a reshape). Any other layout (overlapping, offset, reordered) stays
+    PyTorch's op."""
+    x, size, stride = node.args[:3]
+    offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    if offset not in (None, 0) or not isinstance(x, torch.fx.Node):
+        return None
+    val = _meta(x)
+    if not isinstance(val, torch.Tensor) or val.storage_offset() != 0:
+        return None
+    if not all(type(v) is int for v in (*size, *stride, *val.shape, *val.stride())):
+        return None
+
+    def kept(extents, strides):
+        return [(n, s) for n, s in zip(extents, strides, strict=True) if n != 1]
+
+    mine = kept(size, stride)
+    same = mine == kept(val.shape, val.stride())
+    reshaped = val.is_contiguous() and mine == kept(size, _packed_strides(size))
+    if math.prod(size) != val.numel() or not (same or reshaped):
+        return None
+    dtype, shape = _tensor_type(node)
+    return imp.add(Node(node.name, "View", (imp.env[x.name],), (shape,), dtype, shape), node.name)
+
+
 def _h_permute(imp: _Importer, node: torch.fx.Node):
     xn = imp.g.nodes[imp.env[node.args[0].name]]
     rank = len(xn.shape)
@@ -2219,6 +2256,7 @@ _HANDLERS = {
     "aten.avg_pool2d.default": _h_avg_pool2d,
     "aten.constant_pad_nd.default": _h_constant_pad,
     "aten.slice_scatter.default": _h_slice_scatter,
+    "aten.as_strided.default": _h_as_strided,
     **{
         f"aten._foreach_{kind}.{overload}": _h_foreach(kind)
         for kind, overloads in _FOREACH.items()

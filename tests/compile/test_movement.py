@@ -648,3 +648,32 @@ def test_row_adds_run_on_the_gpu_and_replay(dtype):
     idd.copy_(good)
     got = cf(td, idd, vd).cpu()
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+AS_STRIDED = {  # (function, input, a View)
+    # torchvision Swin's pooled features: [N, C, 1, 1] given channels-last strides
+    "size-one strides": (
+        lambda x: torch.as_strided(x.permute(0, 3, 1, 2) * 2, (2, 6, 1, 1), (6, 1, 6, 6)),
+        torch.randn(2, 1, 1, 6),
+        True,
+    ),
+    "packed reshape": (lambda x: torch.as_strided(x * 2, (3, 8), (8, 1)), torch.randn(4, 6), True),
+    "its own layout": (
+        lambda x: torch.as_strided(x.t(), (6, 4), (1, 6)) + 1,
+        torch.randn(4, 6),
+        True,
+    ),
+    "overlapping windows": (lambda x: torch.as_strided(x, (3, 4), (2, 1)), torch.randn(12), False),
+    "offset": (lambda x: torch.as_strided(x, (2, 3), (3, 1), 2), torch.randn(12), False),
+    "transposed": (lambda x: torch.as_strided(x, (6, 4), (1, 6)), torch.randn(4, 6), False),
+}
+
+
+@pytest.mark.parametrize("name", AS_STRIDED)
+def test_as_strided_that_only_redescribes_is_a_view(name):
+    """as_strided is a View where it addresses the input's elements in their order, and
+    stays PyTorch's op otherwise (still equal to eager)."""
+    fn, x, view = AS_STRIDED[name]
+    compile_and_compare(fn, x, rtol=0, atol=0)
+    ops = host_ops(last_compiled().compiled.program)
+    assert ops == ([] if view else ["aten.as_strided.default"]), ops
