@@ -1357,7 +1357,9 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
     differ (PyTorch keeps the first; a reduction's order is its own). Overlapping, padded
     or dilated windows: a maximum of strided slices (``_pool_slices``). The indices (a
-    training forward's) and ceil mode are declined."""
+    training forward's) are declined. Ceil mode's last, partial windows read -inf past the
+    image's end, which never wins a maximum (every window holds an element of the image or
+    of its padding, PyTorch's output size rule)."""
     x, kernel = node.args[0], list(node.args[1])
     rest = list(node.args[2:]) + [None] * 4
     stride = list(rest[0]) if rest[0] else kernel
@@ -1371,10 +1373,10 @@ def _h_max_pool2d(imp: _Importer, node: torch.fx.Node):
     if all(d == 1 for d in dilation):
         win = _pool_windows(imp, imp.env[x.name], kernel, stride, padding, ceil_mode, shape)
     if win is None:
-        if ceil_mode:
-            return None
         x = imp.env[x.name]
-        return _pool_slices(imp, "max", node.name, x, kernel, stride, padding, dilation, shape)
+        return _pool_slices(
+            imp, "max", node.name, x, kernel, stride, padding, dilation, shape, ceil_mode
+        )
     return imp.add(Node(node.name, "Amax", (win,), ((4, 5), 0), dtype, shape), node.name)
 
 
@@ -1387,7 +1389,7 @@ def _pair(v) -> list[int]:
     return [*v] * 2 if len(v) == 1 else [*v]
 
 
-def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out):
+def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out, ceil=False):
     """A 2-D pool whose windows overlap, are padded or dilated: the image padded (-inf for
     a max, zeros for an average that counts the padding, as PyTorch's pooling pads), one
     strided Slice per window position, and the positions folded in row-major order by
@@ -1407,14 +1409,23 @@ def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     n, c, ho, wo = out = tuple(out)
     h, w = xn.shape[2] + 2 * ph, xn.shape[3] + 2 * pw
+    # ceil mode (max only): the last windows may run past the padded image; pad its end
+    # with the fill so they fit (a max's fill never wins)
+    eh = max(0, (kh - 1) * dh + sh * (ho - 1) + 1 - h) if ceil and kind == "max" else 0
+    ew = max(0, (kw - 1) * dw + sw * (wo - 1) + 1 - w) if ceil and kind == "max" else 0
+    if ceil and (
+        kind != "max" or sh * (ho - 1) >= xn.shape[2] + ph or sw * (wo - 1) >= xn.shape[3] + pw
+    ):
+        return None  # a window holding only padding: PyTorch's output size never has one
+    h, w = h + eh, w + ew
     if ho <= 0 or wo <= 0 or (kh - 1) * dh + sh * (ho - 1) >= h:
         return None
     if (kw - 1) * dw + sw * (wo - 1) >= w:
         return None
     fill, fold = _POOL_FOLDS[kind]
     src = x
-    if ph or pw:
-        attrs = ((0, 0, 0, 0, ph, ph, pw, pw), float_bits(fill))
+    if ph or pw or eh or ew:
+        attrs = ((0, 0, 0, 0, ph, ph + eh, pw, pw + ew), float_bits(fill))
         src = imp.add(Node(imp.fresh("pool_pad"), "Pad", (x,), attrs, dtype, (n, c, h, w)))
     slices = []
     for i in range(kh):

@@ -482,11 +482,11 @@ def test_pool_kernels_are_ones_the_gpu_emitter_takes():
 @pytest.mark.parametrize(
     "pool,kw,call",
     [
-        # (max pools with overlap, padding or dilation: tests/compile/test_movement.py)
+        # (max pools with overlap, padding, dilation or in ceil mode: test_movement.py)
         (
-            "max",
-            dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
-            "aten.max_pool2d_with_indices.default",
+            "avg",
+            dict(kernel_size=3, stride=2, ceil_mode=True),
+            "aten.avg_pool2d.default",
         ),
         (
             "avg",

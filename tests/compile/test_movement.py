@@ -443,11 +443,34 @@ def test_pools_with_overlap_padding_or_dilation_are_one_loop(case):
     assert kinds.count("loop") == 1 and kinds.count("pad") == ("overlapping" not in case)
 
 
-def test_max_pools_in_ceil_mode_stay_the_op():
+CEIL_POOLS = {  # (kernel, stride, padding): squeezenet's (3, 2, 0) and partial windows
+    "squeezenet (3, 2, 0)": (3, 2, 0),
+    "padded (3, 2, 1)": (3, 2, 1),
+    "one-wide last window (2, 3, 0)": (2, 3, 0),
+    "tiling but partial (2, 2, 0)": (2, 2, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CEIL_POOLS))
+def test_max_pools_in_ceil_mode_are_one_loop(case):
+    """Ceil mode's last, partial windows read -inf past the image's end (a pad kernel),
+    which never wins; the odd-sized image makes every case have one."""
+    k, s, p = CEIL_POOLS[case]
     x = special_image()
-    compile_and_compare(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, ceil_mode=True), x)
+    fn = lambda x: torch.nn.functional.max_pool2d(x, k, s, p, ceil_mode=True)  # noqa: E731
+    assert fn(x).shape != torch.nn.functional.max_pool2d(x, k, s, p).shape  # partial windows
+    compile_and_compare(fn, x)
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [], prog.to_text()
+    assert [k.kind for k in prog.kernels].count("pad") == 1, prog.to_text()
+
+
+def test_average_pools_in_ceil_mode_stay_the_op():
+    """An average's partial window divides by the elements it holds: declined."""
+    x = special_image()
+    compile_and_compare(lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, 0, ceil_mode=True), x)
     ops = host_ops(last_compiled().compiled.program)
-    assert ops[0] == "aten.max_pool2d_with_indices.default", ops
+    assert ops == ["aten.avg_pool2d.default"], ops
 
 
 PAD_CASES = {
@@ -494,11 +517,13 @@ def test_a_resnet_stem_runs_without_host_steps():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("which", ["stem pool", "pad"])
+@pytest.mark.parametrize("which", ["stem pool", "pad", "ceil pool"])
 def test_pads_and_padded_pools_run_on_the_gpu_and_replay(dtype, which):
     x = special_image().to(dtype)
     if which == "pad":
         fn = lambda x: torch.nn.functional.pad(x, (1, 2, 3, 0), value=-2.0)  # noqa: E731
+    elif which == "ceil pool":  # squeezenet's
+        fn = lambda x: torch.nn.functional.max_pool2d(x, 3, 2, ceil_mode=True)  # noqa: E731
     else:
         fn = lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1)  # noqa: E731
     xd = x.to(GPU)
