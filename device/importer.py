@@ -856,15 +856,25 @@ CUMSUM_MAX_TERMS = 1 << 26  # elements x axis length, the masked sum's terms
 
 
 def _h_cumsum(imp: _Importer, node: torch.fx.Node):
-    """cumsum of integers or bools (position ids from a padding mask, the mask functions'
-    packed-sequence check): ``out[..., j] = sum(x[..., k] for k <= j)``, a masked sum over a
-    (j, k) grid of the axis moved last, in the result's dtype. Integer sums wrap the same
-    in any order, so this gives PyTorch's bits; a float cumsum (whose rounding depends on
-    the order) and axes too long for a quadratic sum stay PyTorch's op."""
+    """cumsum (position ids from a padding mask, integer or float as OPT's; the mask
+    functions' packed-sequence check): ``out[..., j] = sum(x[..., k] for k <= j)``, a masked
+    sum over a (j, k) grid of the axis moved last. Integers sum in int64 and wrap to the
+    result's dtype the same in any order: PyTorch's bits. Floats sum in PyTorch's CPU
+    accumulator: float64 for float32 and float64 (its CUDA kernel scans float32 in
+    float32), where the sum of an axis in another order is within float64 rounding of the
+    running one, so a float32 result is PyTorch's CPU value but for a rounding tie and
+    float64 agrees to its last bits; float32 for the half types (as both of PyTorch's
+    kernels), rounded to the half type at the end, where a sum in another order can round
+    differently in float32 and, where a running sum passes float32's largest value,
+    overflow at another position. NaN, infinities and zeros as the running sum (the
+    masked-out terms are +0.0, PyTorch's running sum starts at +0.0). Axes too long for a
+    quadratic sum stay PyTorch's op."""
     x, dim = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     xn = imp.g.nodes[imp.env[x.name]]
     dtype, shape = _tensor_type(node)
-    if type(dim) is not int or dtype not in ot.INTS or xn.dtype not in (*ot.INTS, "bool"):
+    if type(dim) is not int or xn.dtype not in (*ot.INTS, *ot.FLOATS, "bool"):
+        return None
+    if dtype not in ot.INTS and not (dtype in ot.FLOATS and xn.dtype in ot.FLOATS):
         return None
     if not xn.shape:
         return None
@@ -876,7 +886,9 @@ def _h_cumsum(imp: _Importer, node: torch.fx.Node):
     if n <= 1:
         return imp.add(Node(node.name, "Cast", (xn.name,), (dtype,), dtype, shape), node.name)
     perm = (*(d for d in range(rank) if d != dim), dim)
-    acc = "i64"  # an integer Sum is int64 (as PyTorch's); the result's dtype wraps the same
+    # an integer Sum is int64 (as PyTorch's), the result's dtype wraps the same; floats sum
+    # in PyTorch's CPU accumulator
+    acc = "i64" if dtype in ot.INTS else "f32" if dtype in ot.HALVES else "f64"
     cur = imp.cast(xn.name, acc)
     moved = tuple(xn.shape[d] for d in perm)
     if dim != rank - 1:
