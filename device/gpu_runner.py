@@ -41,7 +41,7 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
-from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
+from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
 from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.graph import bits_float
 from saturn.eqsat.memory import plan_memory
@@ -141,6 +141,8 @@ class GpuRunner:
         self.consts: dict[str, torch.Tensor] = {}
         self.plans: dict[str, tuple[tuple, object]] = {}  # step -> (layout key, plan)
         self.workspaces: dict[str, torch.Tensor] = {}
+        # step -> {operand index: packed copy} for library plans made on packed operands
+        self.packs: dict[str, dict[int, torch.Tensor]] = {}
         # reshapes that copy -> (their buffer, the source's axis order it was copied in)
         self.view_copies: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
         self.gemm_read = _read_only_by_gemms(prog)
@@ -339,16 +341,55 @@ class GpuRunner:
             return
         key = tuple(layout(t) for t in ops)
         have = self.plans.get(s.output)
-        ptrs = tuple(t.data_ptr() for t in ops)
-        if k.kind == "gemm":
-            if have is None or have[0] != key:
-                have = self.plans[s.output] = (key, self._gemm_plan(k, key, out, ptrs))
-            have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
-            return
-        # conv
         if have is None or have[0] != key:
-            have = self.plans[s.output] = (key, self._conv_plan(k, key, (*ptrs, out.data_ptr())))
-        have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+            have = self.plans[s.output] = (key, self._library_plan(k, key, out, ops))
+        packs = self.packs.get(s.output, {})
+        for i, buf in packs.items():  # operands the plan reads as packed copies
+            strided_copy(ops[i], buf)
+        ptrs = tuple(packs[i].data_ptr() if i in packs else t.data_ptr() for i, t in enumerate(ops))
+        if k.kind == "gemm":
+            have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
+        else:
+            have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+
+    def _library_plan(self, k, key: tuple, out: torch.Tensor, ops: list[torch.Tensor]):
+        """The product's or convolution's plan for the operands' layouts; where the library
+        takes no plan for them (a layout cuBLASLt or cuDNN declines: a row stride it does
+        not take, a misaligned slice), the plan for packed copies of the operands that are
+        not packed, made at every call before the plan runs (the copies' buffers are the
+        step's own, at fixed addresses, so replay captures them). A library that declines
+        packed operands too raises: the call then runs uncompiled (decision 0050)."""
+        self.packs.pop(k.output, None)
+
+        def plan(operands):
+            ptrs = tuple(t.data_ptr() for t in operands)
+            lays = tuple(layout(t) for t in operands)
+            if k.kind == "gemm":
+                return self._gemm_plan(k, lays, out, ptrs)
+            return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
+
+        try:
+            return plan(ops)
+        except (GemmError, ConvError) as e:
+            packs = {
+                i: torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                for i, t in enumerate(ops)
+                if not t.is_contiguous()
+            }
+            if not packs:
+                raise
+            log.info(
+                "saturn: %s %s: %s; planned on packed copies of operands %s",
+                k.kind,
+                k.output,
+                str(e).splitlines()[0][:200],
+                sorted(packs),
+            )
+        for i, buf in packs.items():
+            strided_copy(ops[i], buf)
+        made = plan([packs.get(i, t) for i, t in enumerate(ops)])
+        self.packs[k.output] = packs
+        return made
 
     def _gemm_plan(self, k, key: tuple, out: torch.Tensor, ptrs: tuple[int, ...]):
         """The product's plan, tuned on this call's operands. float16/bfloat16 products are
