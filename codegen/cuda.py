@@ -34,8 +34,16 @@ from numba import config
 from saturn.eqsat import optable as ot
 from saturn.eqsat.program import TAKE_TABLES, Kernel, leaves
 
+from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's interface)
+    KernelError,
+    build,
+    entry_name,
+    precompile,
+    ptx,
+    python_function,
+    signature,
+)
 from .expr import NUMBA_TYPE, BodyWriter, helpers
-from .sources import cache_dir, import_source, write_atomic
 
 log = logging.getLogger("saturn")
 THREADS = 256
@@ -110,10 +118,6 @@ def f16_round(v):
 
 # the simulator runs device functions as Python: numpy's rounding there (expr.helpers)
 ROUNDING_TARGET = "numpy" if config.ENABLE_CUDASIM else "cuda"
-
-
-class KernelError(RuntimeError):
-    """A kernel the CUDA emitter cannot build, or a launch whose operands do not fit."""
 
 
 def _acc_dtype(k: Kernel) -> str:
@@ -1706,85 +1710,21 @@ _LOCK = threading.Lock()
 _KERNELS: dict[tuple, object] = {}
 
 
-def python_function(g: Generated):
-    """The kernel's Python function, from a real file (Numba reads source from files)."""
-    return getattr(import_source(g.source, "cuda-kernels"), g.name)
-
-
-def signature(g: Generated):
-    from numba import types
-
-    ptrs = [types.CPointer(getattr(types, t)) for t in g.pointer_types]
-    return tuple(ptrs + [types.int64] * len(g.params.ints))
-
-
-def ptx(g: Generated, cc: tuple[int, int]) -> str:
-    from numba import cuda
-
-    text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
-    return text.rstrip("\x00")  # Numba's PTX ends with a NUL the linkers reject
-
-
-def entry_name(ptx_text: str) -> str:
-    m = re.search(r"\.visible \.entry (\S+)\(", ptx_text)
-    if not m:
-        raise KernelError("no kernel entry in the generated PTX")
-    return m.group(1)
-
-
-def _versions() -> str:
-    import numba
-
-    try:
-        import numba_cuda
-
-        nc = numba_cuda.__version__
-    except Exception:  # pragma: no cover - older layouts
-        nc = "?"
-    from cuda.bindings import driver
-
-    _, drv = driver.cuDriverGetVersion()
-    return f"numba {numba.__version__} numba-cuda {nc} driver {drv}"
-
-
 def load(g: Generated, cc: tuple[int, int]):
-    """A cuda.core Kernel for ``g`` on the current context (cubin cached on disk)."""
+    """A cuda.core Kernel for ``g`` on the current context (built, or found in the cache
+    on disk: ``cubins.build``)."""
     key = (g.source, cc)
     with _LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-        from cuda.core import Linker, LinkerOptions, ObjectCode
+        from cuda.core import ObjectCode
 
-        digest = hashlib.sha256(f"{g.source}|{cc}|{_versions()}".encode()).hexdigest()[:24]
-        d = cache_dir("cuda-kernels")
-        d.mkdir(parents=True, exist_ok=True)
-        cubin_path = d / f"k_{digest}_sm{cc[0]}{cc[1]}.cubin"
-        name_path = cubin_path.with_suffix(".name")
-        ptx_path = cubin_path.with_suffix(".ptx")
-        if not (cubin_path.exists() and name_path.exists()):
-            text = ptx(g, cc)
-            write_atomic(ptx_path, text.encode())
-            # atomically: a process compiling the same kernel at once (pytest-xdist, one
-            # process per GPU) reads this file as soon as the cubin exists
-            write_atomic(name_path, entry_name(text).encode())
-            try:
-                # cuda.core hands in-memory PTX to nvJitLink as a file name: give it the file
-                linker = Linker(
-                    ObjectCode.from_ptx(str(ptx_path)),
-                    options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"),
-                )
-                blob = linker.link("cubin").code
-                write_atomic(cubin_path, blob)
-            except Exception as e:  # no usable linker: the driver compiles the PTX at load
-                log.warning(
-                    "saturn: linking a cubin failed (%s); loading PTX instead",
-                    str(e).splitlines()[0][:200],
-                )
-        entry = name_path.read_text()
-        if cubin_path.exists():
-            code = ObjectCode.from_cubin(str(cubin_path))
-        else:
-            code = ObjectCode.from_ptx(str(ptx_path))
+        entry, path = build(g, cc)
+        code = (
+            ObjectCode.from_cubin(str(path))
+            if path.suffix == ".cubin"
+            else ObjectCode.from_ptx(str(path))
+        )
         kernel = code.get_kernel(entry)
         _KERNELS[key] = kernel
         return kernel
@@ -1829,6 +1769,22 @@ class CudaKernel:
         # operand layout -> (strided operands readable as vectors, narrow index arithmetic)
         self._layouts: dict[tuple, tuple[bool, bool]] = {}
         self._plans: dict[tuple, tuple] = {}
+
+    def expected(self) -> list[Generated]:
+        """The variants a launch will most likely take, to build ahead of the first call
+        (``cubins.precompile``): aligned vectors (and scalar where a strided operand may
+        not allow them), narrow index arithmetic where the loop divides its index and
+        its size fits; a split reduction's two kernels. A variant a launch takes that is
+        not among these is built at that launch."""
+        if self.split is not None:
+            return list(self.split[2:])
+        narrow = self._indexed and math.prod(self.k.domain) < INDEX32
+        lanes = {self.g.lanes, 1} if self._strided else {self.g.lanes}
+        out = []
+        for n in lanes:
+            same = (n, narrow) == (self.g.lanes, False)
+            out.append(self.g if same else generate(self.k, lanes=n, narrow=narrow))
+        return out
 
     def _layout(self, key: tuple) -> tuple[bool, bool]:
         """What an operand layout (shapes, strides) allows, worked out once per layout

@@ -133,6 +133,9 @@ class GpuRunner:
                     )
                 elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
+            # every kernel the first call will launch, built in parallel now (or found on
+            # disk) rather than one after another as the call reaches it
+            cg.precompile([g for k in self.kernels.values() for g in k.expected()], cc)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
         # storages every call rewrites (their StorageImpl address -> [start, end) address)

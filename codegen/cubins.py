@@ -1,0 +1,202 @@
+"""Generated CUDA kernels compiled to cubins, cached on disk, and built in parallel.
+
+Numba compiles a generated kernel to PTX in about a second (its type inference and
+lowering hold the GIL), and a model has tens of distinct kernels: compiled one after
+another at the first call, that is most of a large model's first call. So the kernels a
+compiled graph will launch are built before it runs, spread over worker processes that
+import only this folder (``precompile``), and every kernel's PTX, entry name and cubin
+are kept on disk keyed by its source, the target and the compiler's versions, for every
+later call and process (``build``). This module needs no GPU: building is Numba, NVVM and nvJitLink.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .sources import cache_dir, import_source, write_atomic
+
+if TYPE_CHECKING:
+    from .cuda import Generated
+
+log = logging.getLogger("saturn")
+
+# fewest kernels to build worth starting worker processes for (each imports Numba, ~1 s)
+PARALLEL_FROM = 3
+
+
+class KernelError(RuntimeError):
+    """A kernel the CUDA emitter cannot build, or a launch whose operands do not fit."""
+
+
+def python_function(g: Generated):
+    """The kernel's Python function, from a real file (Numba reads source from files)."""
+    return getattr(import_source(g.source, "cuda-kernels"), g.name)
+
+
+def signature(g: Generated):
+    from numba import types
+
+    ptrs = [types.CPointer(getattr(types, t)) for t in g.pointer_types]
+    return tuple(ptrs + [types.int64] * len(g.params.ints))
+
+
+def ptx(g: Generated, cc: tuple[int, int]) -> str:
+    from numba import cuda
+
+    text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
+    return text.rstrip("\x00")  # Numba's PTX ends with a NUL the linkers reject
+
+
+def entry_name(ptx_text: str) -> str:
+    m = re.search(r"\.visible \.entry (\S+)\(", ptx_text)
+    if not m:
+        raise KernelError("no kernel entry in the generated PTX")
+    return m.group(1)
+
+
+@cache
+def versions() -> str:
+    """What the built code depends on besides its source and target."""
+    import numba
+
+    try:
+        import numba_cuda
+
+        nc = numba_cuda.__version__
+    except Exception:  # pragma: no cover - older layouts
+        nc = "?"
+    try:
+        from cuda.bindings import driver
+
+        _, drv = driver.cuDriverGetVersion()
+    except Exception:  # no driver here (building only): nothing built will be loaded here
+        drv = "none"
+    return f"numba {numba.__version__} numba-cuda {nc} driver {drv}"
+
+
+def paths(g: Generated, cc: tuple[int, int], version: str | None = None) -> tuple[Path, ...]:
+    """(cubin, PTX, entry name) files of ``g`` for ``cc`` in the cache."""
+    key = f"{g.source}|{cc}|{version or versions()}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    d = cache_dir("cuda-kernels")
+    d.mkdir(parents=True, exist_ok=True)
+    cubin = d / f"k_{digest}_sm{cc[0]}{cc[1]}.cubin"
+    return cubin, cubin.with_suffix(".ptx"), cubin.with_suffix(".name")
+
+
+def built(g: Generated, cc: tuple[int, int], version: str | None = None) -> bool:
+    cubin, ptx_path, name = paths(g, cc, version)
+    return name.exists() and (cubin.exists() or ptx_path.exists())
+
+
+def build(g: Generated, cc: tuple[int, int], version: str | None = None) -> tuple[str, Path]:
+    """``g`` compiled for ``cc`` (or found on disk): its entry name and the file to load, a
+    cubin, or PTX for the driver to compile where no linker could make one. Every file is
+    written atomically: another process building the same kernel at once (pytest-xdist,
+    one process per GPU, ``precompile``'s workers) reads either nothing or all of it."""
+    cubin, ptx_path, name_path = paths(g, cc, version)
+    if not (name_path.exists() and (cubin.exists() or ptx_path.exists())):
+        text = ptx(g, cc)
+        write_atomic(ptx_path, text.encode())
+        write_atomic(name_path, entry_name(text).encode())
+    if not cubin.exists():
+        from cuda.core import Linker, LinkerOptions, ObjectCode
+
+        try:
+            # cuda.core hands in-memory PTX to nvJitLink as a file name: give it the file
+            linker = Linker(
+                ObjectCode.from_ptx(str(ptx_path)),
+                options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"),
+            )
+            write_atomic(cubin, linker.link("cubin").code)
+        except Exception as e:  # no usable linker: the driver compiles the PTX at load
+            log.warning(
+                "saturn: linking a cubin failed (%s); loading PTX instead",
+                str(e).splitlines()[0][:200],
+            )
+    return name_path.read_text(), cubin if cubin.exists() else ptx_path
+
+
+@dataclass(frozen=True)
+class Job:
+    """What building a kernel needs, as plain data a worker process reads (a Generated
+    would need the emitter, and with it the compiler core, imported there)."""
+
+    name: str
+    source: str
+    pointer_types: tuple[str, ...]
+    ints: tuple[str, ...]
+
+    @property
+    def params(self) -> Job:  # signature() reads g.params.ints
+        return self
+
+
+def job(g: Generated) -> Job:
+    return Job(g.name, g.source, tuple(g.pointer_types), tuple(g.params.ints))
+
+
+# A worker imports this folder as ``saturn.codegen`` under an empty ``saturn`` package:
+# not saturn's device package (torch, the extension), and not the caller's ``__main__``
+# (which multiprocessing's spawn would re-run: a user's script without a main guard).
+_WORKER = """
+import json, sys, types
+for name, path in (("saturn", []), ("saturn.codegen", [sys.argv[1]])):
+    m = types.ModuleType(name); m.__path__ = path; sys.modules[name] = m
+from saturn.codegen import cubins
+spec = json.load(open(sys.argv[2]))
+failed = 0
+for j in spec["jobs"]:
+    try:
+        g = cubins.Job(j[0], j[1], tuple(j[2]), tuple(j[3]))
+        cubins.build(g, tuple(spec["cc"]), spec["version"])
+    except Exception as e:
+        failed += 1
+        print(f"{j[0]}: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+sys.exit(1 if failed else 0)
+"""
+
+
+def workers() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), 32))
+
+
+def precompile(gens: list, cc: tuple[int, int]) -> int:
+    """Build the kernels of ``gens`` (Generated) not yet on disk, spread over worker
+    processes; how many were to build. A kernel whose build fails here is left to
+    ``build`` at its first launch, which raises there with its own error."""
+    try:
+        version = versions()
+        todo = list({g.source: job(g) for g in gens if not built(g, cc, version)}.values())
+        n = min(workers(), len(todo))
+        if len(todo) < PARALLEL_FROM or n < 2:
+            return 0
+        with tempfile.TemporaryDirectory(prefix="saturn-build-") as tmp:
+            procs = []
+            for w in range(n):
+                spec = Path(tmp) / f"jobs{w}.json"
+                share = [[j.name, j.source, j.pointer_types, j.ints] for j in todo[w::n]]
+                spec.write_text(json.dumps({"jobs": share, "cc": cc, "version": version}))
+                cmd = [sys.executable, "-c", _WORKER, str(Path(__file__).parent), str(spec)]
+                procs.append(
+                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                )
+            for proc in procs:
+                _, err = proc.communicate()
+                if proc.returncode:
+                    log.info("saturn: parallel kernel builds failed: %s", err.decode()[-500:])
+        return len(todo)
+    except Exception as e:  # builds at first launch instead, one after another
+        log.info("saturn: kernels not built in parallel: %s", str(e)[:200])
+        return 0

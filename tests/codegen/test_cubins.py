@@ -1,0 +1,101 @@
+"""Kernels built ahead of the first call (codegen/cubins.py): ``precompile`` spreads the
+builds over worker processes that import only the codegen folder, and leaves every
+kernel's files on disk, where ``build`` finds them without compiling again. No GPU: PTX is
+Numba and NVVM, a cubin nvJitLink (PTX alone where no linker is found)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from saturn.codegen import cubins
+from saturn.codegen import cuda as cg
+
+from .test_cuda_emitter import kernels_of
+
+CODEGEN = Path(cubins.__file__).parent
+GRAPHS = [
+    "(input a f32 [64])\n(input b f32 [64])\n(let r (Sigmoid (Add (Mul a b) a)))\n(output r)\n",
+    "(input x f32 [64 8])\n(let r (Mean (Mul x x) [0] 0))\n(output r)\n",
+    "(input x f64 [64])\n(let r (Exp (Neg x)))\n(output r)\n",
+]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SATURN_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _gens():
+    return [cg.generate(k) for text in GRAPHS for k in kernels_of(text)]
+
+
+def test_precompile_builds_every_kernel_in_workers_and_build_finds_them(cache, monkeypatch):
+    gens = _gens()
+    distinct = {g.source for g in gens}
+    assert len(distinct) >= cubins.PARALLEL_FROM
+    monkeypatch.setattr(cubins, "workers", lambda: 2)
+    assert cubins.precompile(gens, (9, 0)) == len(distinct)
+    assert all(cubins.built(g, (9, 0)) for g in gens)
+
+    def no_compiling(*_):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(cubins, "ptx", no_compiling)
+    for g in gens:
+        name, path = cubins.build(g, (9, 0))
+        assert name.startswith("_Z") or g.name in name
+        assert path.exists() and path.suffix in (".cubin", ".ptx")
+    assert cubins.precompile(gens, (9, 0)) == 0  # nothing left to build
+
+
+def test_too_few_kernels_are_built_at_first_launch(cache):
+    g = _gens()[:1]
+    assert cubins.precompile(g, (9, 0)) == 0 and not cubins.built(g[0], (9, 0))
+
+
+def test_a_caller_script_is_not_run_again_by_the_workers(cache, tmp_path):
+    """Workers never import the caller's __main__ (a script with no main guard would run
+    again in each): the script's top level runs once. The script imports the codegen
+    folder alone, as the workers do, and precompiles these kernels."""
+    marker, jobs = tmp_path / "runs", tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([dataclasses.astuple(cubins.job(g)) for g in _gens()]))
+    script = tmp_path / "user.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys, types
+            with open({str(marker)!r}, "a") as f:
+                f.write("run\\n")
+            for name, path in (("saturn", []), ("saturn.codegen", [{str(CODEGEN)!r}])):
+                m = types.ModuleType(name); m.__path__ = path; sys.modules[name] = m
+            from saturn.codegen import cubins
+            cubins.workers = lambda: 2
+            gens = [cubins.Job(*j) for j in json.load(open({str(jobs)!r}))]
+            print(cubins.precompile(gens, (9, 0)))
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) >= cubins.PARALLEL_FROM
+    assert marker.read_text() == "run\n"
+
+
+def test_a_failing_build_is_left_to_the_launch(cache, monkeypatch):
+    gens = _gens()
+    bad = cg.Generated(
+        "broken", "def broken(:\n", gens[0].params, gens[0].pointer_types
+    )  # not Python: the worker fails, precompile does not raise
+    monkeypatch.setattr(cubins, "workers", lambda: 2)
+    cubins.precompile([*gens, bad], (9, 0))
+    assert not cubins.built(bad, (9, 0)) and all(cubins.built(g, (9, 0)) for g in gens)
+    with pytest.raises(SyntaxError):
+        cubins.build(bad, (9, 0))
