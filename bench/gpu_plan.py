@@ -4,16 +4,20 @@ Each graph a zoo model (``bench/zoo.py``, tiny or full) hands to saturn on satur
 imported as for a GPU target and compiled with the GPU machine model (inputs and outputs
 on the device, as in a compiled call); nothing is generated or run for the GPU. Prints
 per model the host ops the GPU program keeps (named by target, with dtype and shape) and
-its crossings, and the compile stages' seconds: a quick check of placement work before
-spending device time.
+its crossings, the compile stages' seconds, and the kernel variants its runner builds
+before the first call (with ``--build``, the seconds building them takes here, in
+parallel as a first call builds them; that needs no GPU): a quick check of placement and
+compile-time work before spending device time.
 
-    python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] NAME ...
+    python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build] NAME ...
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import tempfile
 import time
 from collections import Counter
 
@@ -21,7 +25,39 @@ import torch
 import zoo
 
 
-def plan(name: str, dtype: str, size: str) -> list[dict]:
+def kernel_sources(program) -> list:
+    """The variants of every generated kernel of a GPU program its runner builds before
+    the first call (``CudaKernel.expected``)."""
+    from saturn.codegen import cuda as cg
+
+    return [
+        g
+        for s in program.steps
+        if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce", "rows")
+        for g in cg.CudaKernel(s.kernel, (9, 0)).expected()
+    ]
+
+
+def build_seconds(gens: list) -> float:
+    """Wall time of building ``gens`` as a first call does (``cubins.precompile``, worker
+    processes over this machine's cores) into an empty cache: PTX and cubins need no GPU."""
+    from saturn.codegen import cubins
+
+    old = os.environ.get("SATURN_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["SATURN_CACHE_DIR"] = tmp
+        try:
+            t = time.perf_counter()
+            cubins.precompile(gens, (9, 0))
+            return time.perf_counter() - t
+        finally:
+            if old is None:
+                del os.environ["SATURN_CACHE_DIR"]
+            else:
+                os.environ["SATURN_CACHE_DIR"] = old
+
+
+def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
     import saturn  # noqa: F401
     from saturn import backend
     from saturn.eqsat.pipeline import compile_graph
@@ -38,19 +74,26 @@ def plan(name: str, dtype: str, size: str) -> list[dict]:
         t_import = time.perf_counter() - t
         t = time.perf_counter()
         c = real(imported.graph, **{**kw, "machine": "gpu", "io_on_device": True})
+        compile_s = time.perf_counter() - t
         host = Counter(
             f"{s.op.split('#')[0]} {s.dtype}{list(s.shape)}"
             for s in c.program.steps
             if s.kind == "host"
         )
+        gens = kernel_sources(c.program)
+        distinct = {g.source for g in gens}
+        built = build_seconds(gens) if ptx else None
         planned.append(
             {
+                "generated": len(gens),
+                "distinct": len(distinct),
+                "build_s": built,
                 "ops": len(imported.graph.nodes),
                 "host": host,
                 "crossings": c.program.count("crossing"),
                 "kernels": len(c.program.kernels),
                 "import_s": t_import,
-                "compile_s": time.perf_counter() - t,
+                "compile_s": compile_s,
             }
         )
         return out
@@ -75,15 +118,21 @@ def main() -> None:
     ap.add_argument("names", nargs="+")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--size", default="tiny", choices=["tiny", "full"])
+    ap.add_argument(
+        "--build", action="store_true", help="also time building the kernels (no GPU needed)"
+    )
     a = ap.parse_args()
     for name in a.names:
         torch._dynamo.reset()
-        for i, p in enumerate(plan(name, a.dtype, a.size)):
+        for i, p in enumerate(plan(name, a.dtype, a.size, a.build)):
             host = ", ".join(f"{k} x{v}" for k, v in sorted(p["host"].items())) or "-"
             print(
                 f"{name} graph {i}: {p['ops']} ops, {p['kernels']} kernels, "
                 f"{p['crossings']} crossings, import {p['import_s']:.2f} s, "
-                f"compile {p['compile_s']:.2f} s; host [{host}]",
+                f"compile {p['compile_s']:.2f} s; {p['generated']} generated kernels, "
+                f"{p['distinct']} distinct"
+                + (f", built in {p['build_s']:.1f} s" if p["build_s"] is not None else "")
+                + f"; host [{host}]",
                 flush=True,
             )
 
