@@ -26,22 +26,40 @@ SIMULATED = [
 ]
 
 
-@pytest.mark.parametrize(("section", "oks", "splits", "halves"), SIMULATED)
-def test_kernels_under_the_cuda_simulator(section: str, oks: int, splits: int, halves: int):
+@pytest.fixture(scope="module")
+def simulated():
+    """Every section's simulator process, all started at once (each is one single-threaded
+    process; together they use the machine's cores): section -> Popen."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     runner = Path(__file__).with_name("cudasim_runner.py")
-    proc = subprocess.run(
-        [sys.executable, str(runner), section],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "FAIL" not in proc.stdout, proc.stdout
-    assert proc.stdout.count("ok ") >= oks, proc.stdout
-    assert proc.stdout.count(" (split): ") == splits, proc.stdout
-    assert proc.stdout.count("ok half ") == halves, proc.stdout
+    procs = {
+        section: subprocess.Popen(
+            [sys.executable, str(runner), section],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for section, *_ in SIMULATED
+    }
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize(("section", "oks", "splits", "halves"), SIMULATED)
+def test_kernels_under_the_cuda_simulator(
+    simulated, section: str, oks: int, splits: int, halves: int
+):
+    proc = simulated[section]
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stdout + stderr
+    assert "FAIL" not in stdout, stdout
+    assert stdout.count("ok ") >= oks, stdout
+    assert stdout.count(" (split): ") == splits, stdout
+    assert stdout.count("ok half ") == halves, stdout
 
 
 def kernels_of(text: str):
