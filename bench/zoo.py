@@ -338,7 +338,12 @@ def run_one(
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
+    failed = len(backend.CACHE.failed_calls)
     row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
+    # timed calls that failed and reran uncompiled (decision 0050), CUDA-graph replays
+    row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
+    runners = [cg.recipe.runner for cg in new if getattr(cg.recipe, "runner", None)]
+    row["replays"] = sum(r.replays for r in runners)
     if gpu:
         row["saturn_peak"] = torch.saturn.max_memory_allocated(device)
     if not baselines:
@@ -395,8 +400,10 @@ def _format(r: dict) -> str:
     return (
         f"{r['model']:24s} {'ok     ' if r['correct'] else 'WRONG  '} err {r['error']:.1e} "
         f"graphs {r['graphs']} uncompiled {r['uncompiled']} breaks {r['graph_breaks']} "
-        f"crossings {r['crossings']} host [{host}] first {r['first_call_s']:.1f} s; {times}"
+        f"crossings {r['crossings']} replays {r.get('replays', 0)} host [{host}] "
+        f"first {r['first_call_s']:.1f} s; {times}"
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
+        + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
 
 

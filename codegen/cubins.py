@@ -169,6 +169,14 @@ sys.exit(1 if failed else 0)
 
 
 def workers() -> int:
+    """Worker processes for a build: ``$SATURN_BUILD_JOBS``, else one per core (at most
+    32). Processes that compile at once (pytest-xdist, one per GPU) may want fewer each."""
+    jobs = os.environ.get("SATURN_BUILD_JOBS")
+    if jobs:
+        try:
+            return max(1, int(jobs))
+        except ValueError:
+            log.warning("saturn: SATURN_BUILD_JOBS=%r is not a whole number; ignored", jobs)
     return max(1, min(len(os.sched_getaffinity(0)), 32))
 
 
