@@ -1,8 +1,8 @@
 """Real models from their libraries (``bench/zoo.py``'s tiny sizes) compiled for saturn:0:
 no graph runs uncompiled, the output equals eager CPU's (float32 within 1e-4; bfloat16
 within twice what eager bfloat16 differs from float32), and every op but those named runs
-as compiled code. A start on the whole zoo in CI: one CNN, one encoder, one decoder with
-its key/value cache, one vision transformer; and one training step of three of them."""
+as compiled code. Every model of the zoo, with and without a key/value cache, in both
+dtypes; and one training step of a CNN, an encoder and a decoder with its cache."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _spec = importlib.util.spec_from_file_location(
 zoo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(zoo)
 
-MODELS = ["resnet18", "DistilBertModel", "MistralModel", "ViTModel"]
+MODELS = list(zoo.MODELS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
