@@ -85,47 +85,52 @@ def versions() -> str:
     return f"numba {numba.__version__} numba-cuda {nc} driver {drv}"
 
 
-def paths(g: Generated, cc: tuple[int, int], version: str | None = None) -> tuple[Path, ...]:
-    """(cubin, PTX, entry name) files of ``g`` for ``cc`` in the cache."""
+def path(g: Generated, cc: tuple[int, int], version: str | None = None) -> Path:
+    """The file that holds ``g`` built for ``cc``: its entry name and its code together
+    (one file, written at once: Numba's entry names carry a per-process counter, so the
+    same source built by two processes has two names, and a name kept apart from its code
+    could be paired with the other process's code)."""
     key = f"{g.source}|{cc}|{version or versions()}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     d = cache_dir("cuda-kernels")
     d.mkdir(parents=True, exist_ok=True)
-    cubin = d / f"k_{digest}_sm{cc[0]}{cc[1]}.cubin"
-    return cubin, cubin.with_suffix(".ptx"), cubin.with_suffix(".name")
+    return d / f"k_{digest}_sm{cc[0]}{cc[1]}.kernel"
 
 
 def built(g: Generated, cc: tuple[int, int], version: str | None = None) -> bool:
-    cubin, ptx_path, name = paths(g, cc, version)
-    return name.exists() and (cubin.exists() or ptx_path.exists())
+    return path(g, cc, version).exists()
 
 
-def build(g: Generated, cc: tuple[int, int], version: str | None = None) -> tuple[str, Path]:
-    """``g`` compiled for ``cc`` (or found on disk): its entry name and the file to load, a
-    cubin, or PTX for the driver to compile where no linker could make one. Every file is
-    written atomically: another process building the same kernel at once (pytest-xdist,
-    one process per GPU, ``precompile``'s workers) reads either nothing or all of it."""
-    cubin, ptx_path, name_path = paths(g, cc, version)
-    if not (name_path.exists() and (cubin.exists() or ptx_path.exists())):
-        text = ptx(g, cc)
-        write_atomic(ptx_path, text.encode())
-        write_atomic(name_path, entry_name(text).encode())
-    if not cubin.exists():
-        from cuda.core import Linker, LinkerOptions, ObjectCode
+def build(g: Generated, cc: tuple[int, int], version: str | None = None) -> tuple[str, str, bytes]:
+    """``g`` compiled for ``cc`` (or found on disk): (entry name, "cubin" or "ptx", code),
+    PTX for the driver to compile where no linker could make a cubin. The file is written
+    atomically: another process building the same kernel at once (pytest-xdist, one
+    process per GPU, ``precompile``'s workers) reads either nothing or a whole one."""
+    out = path(g, cc, version)
+    if out.exists():
+        entry, kind, code = out.read_bytes().split(b"\n", 2)
+        return entry.decode(), kind.decode(), code
+    text = ptx(g, cc)
+    entry, kind, code = entry_name(text), "ptx", text.encode()
+    from cuda.core import Linker, LinkerOptions, ObjectCode
 
-        try:
-            # cuda.core hands in-memory PTX to nvJitLink as a file name: give it the file
-            linker = Linker(
-                ObjectCode.from_ptx(str(ptx_path)),
-                options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"),
-            )
-            write_atomic(cubin, linker.link("cubin").code)
-        except Exception as e:  # no usable linker: the driver compiles the PTX at load
-            log.warning(
-                "saturn: linking a cubin failed (%s); loading PTX instead",
-                str(e).splitlines()[0][:200],
-            )
-    return name_path.read_text(), cubin if cubin.exists() else ptx_path
+    tmp = out.with_suffix(f".{os.getpid()}.ptx")
+    try:
+        # cuda.core hands in-memory PTX to nvJitLink as a file name: give it a file
+        tmp.write_bytes(code)
+        linker = Linker(
+            ObjectCode.from_ptx(str(tmp)), options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}")
+        )
+        kind, code = "cubin", bytes(linker.link("cubin").code)
+    except Exception as e:  # no usable linker: the driver compiles the PTX at load
+        log.warning(
+            "saturn: linking a cubin failed (%s); loading PTX instead",
+            str(e).splitlines()[0][:200],
+        )
+    finally:
+        tmp.unlink(missing_ok=True)
+    write_atomic(out, b"\n".join((entry.encode(), kind.encode(), code)))
+    return entry, kind, code
 
 
 @dataclass(frozen=True)

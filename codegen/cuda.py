@@ -1719,13 +1719,9 @@ def load(g: Generated, cc: tuple[int, int]):
             return _KERNELS[key]
         from cuda.core import ObjectCode
 
-        entry, path = build(g, cc)
-        code = (
-            ObjectCode.from_cubin(str(path))
-            if path.suffix == ".cubin"
-            else ObjectCode.from_ptx(str(path))
-        )
-        kernel = code.get_kernel(entry)
+        entry, kind, code = build(g, cc)
+        obj = ObjectCode.from_cubin(code) if kind == "cubin" else ObjectCode.from_ptx(code)
+        kernel = obj.get_kernel(entry)
         _KERNELS[key] = kernel
         return kernel
 
