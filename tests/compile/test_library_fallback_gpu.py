@@ -72,8 +72,8 @@ def test_products_declined_on_strided_operands_run_on_packed_copies(monkeypatch,
     torch.manual_seed(1)
     a, b = torch.randn(24, 40), torch.randn(40, 32)
 
-    def f(a, b):  # a strided slice and a transpose: neither packed
-        return (a[:, ::2] @ b[:20].t()[:, :20]).relu() + 1
+    def f(a, b):  # column- and row-strided slices: neither packed
+        return (a[:, ::2] @ b[::2]).relu() + 1
 
     with caplog.at_level(logging.INFO, logger="saturn"):
         outs, recipe = _compiled(f, a.to(GPU), b.to(GPU))
