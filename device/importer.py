@@ -20,6 +20,7 @@ import torch.fx
 
 from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import Graph, Node, bits_float, float_bits
+from saturn.eqsat.program import packed_strides
 from saturn.eqsat.types import broadcast
 
 DTYPES = {
@@ -572,14 +573,6 @@ def _h_shape_view(imp: _Importer, node: torch.fx.Node):
     )
 
 
-def _packed_strides(shape) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(tuple(shape)):
-        out.append(step)
-        step *= n
-    return tuple(reversed(out))
-
-
 def _h_as_strided(imp: _Importer, node: torch.fx.Node):
     """as_strided(x, size, stride, 0) that only re-describes x's elements in their order: a
     View. That holds where, leaving out extents of 1 (whose strides address nothing), the
@@ -602,7 +595,7 @@ def _h_as_strided(imp: _Importer, node: torch.fx.Node):
 
     mine = kept(size, stride)
     same = mine == kept(val.shape, val.stride())
-    reshaped = val.is_contiguous() and mine == kept(size, _packed_strides(size))
+    reshaped = val.is_contiguous() and mine == kept(size, packed_strides(tuple(size)))
     if math.prod(size) != val.numel() or not (same or reshaped):
         return None
     dtype, shape = _tensor_type(node)

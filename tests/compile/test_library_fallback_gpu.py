@@ -15,15 +15,14 @@ import torch
 from saturn import backend, gpu_runner
 from saturn.codegen.conv import ConvError
 from saturn.codegen.gemm import GemmError
+from saturn.eqsat.program import packed_strides
 
 pytestmark = pytest.mark.gpu
 GPU = "saturn:1"
 
 
 def _packed(lay) -> bool:
-    from saturn.importer import _packed_strides
-
-    want = _packed_strides(lay.shape)
+    want = packed_strides(tuple(lay.shape))
     return all(n == 1 or s == w for n, s, w in zip(lay.shape, lay.strides, want, strict=True))
 
 
