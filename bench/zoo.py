@@ -293,7 +293,7 @@ def run_one(
     m_s, x_s = on(device, dtype)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    before_fb = len(backend.CACHE.fallbacks)
+    before_fb, failed = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
     before_graphs = set(backend.CACHE.items)
     compiled = torch.compile(m_s, backend="saturn", dynamic=False)
     if gpu:
@@ -338,9 +338,8 @@ def run_one(
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
-    failed = len(backend.CACHE.failed_calls)
     row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
-    # timed calls that failed and reran uncompiled (decision 0050), CUDA-graph replays
+    # calls that failed and reran uncompiled (decision 0050), CUDA-graph replays
     row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
     runners = [cg.recipe.runner for cg in new if getattr(cg.recipe, "runner", None)]
     row["replays"] = sum(r.replays for r in runners)
@@ -371,8 +370,12 @@ def _geomean(xs: list[float]) -> float:
 
 
 def summary(rows: list[dict]) -> str:
-    ok = [r for r in rows if r.get("correct") and not r.get("uncompiled")]
-    lines = [f"pass rate {len(ok)}/{len(rows)} (correct, no graph uncompiled)"]
+    ok = [
+        r
+        for r in rows
+        if r.get("correct") and not r.get("uncompiled") and not r.get("failed_calls")
+    ]
+    lines = [f"pass rate {len(ok)}/{len(rows)} (correct, no graph or call uncompiled)"]
     over_eager = [r["eager_s"] / r["saturn_s"] for r in ok if "eager_s" in r]
     over_ind = [r["inductor_s"] / r["saturn_s"] for r in ok if "inductor_s" in r]
     lines.append(

@@ -346,10 +346,12 @@ class GpuRunner:
         have = self.plans.get(s.output)
         if have is None or have[0] != key:
             have = self.plans[s.output] = (key, self._library_plan(k, key, out, ops))
-        packs = self.packs.get(s.output, {})
-        for i, buf in packs.items():  # operands the plan reads as packed copies
-            strided_copy(ops[i], buf)
-        ptrs = tuple(packs[i].data_ptr() if i in packs else t.data_ptr() for i, t in enumerate(ops))
+        packs = self.packs.get(s.output)
+        if packs:  # operands the plan reads as packed copies
+            for i, buf in packs.items():
+                strided_copy(ops[i], buf)
+            ops = [packs.get(i, t) for i, t in enumerate(ops)]
+        ptrs = tuple(t.data_ptr() for t in ops)
         if k.kind == "gemm":
             have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
         else:

@@ -34,6 +34,7 @@ def test_zoo_model_on_saturn0(name, dtype):
     assert "first_call_s" in row, row.get("error")
     assert backend.CACHE.fallbacks[before:] == [], backend.CACHE.fallbacks[before:]
     assert row["uncompiled"] == 0 and row["graph_breaks"] == 0, row
+    assert row["failed_calls"] == [], row["failed_calls"]  # none reran uncompiled
     assert row["correct"], (row["error"], row.get("eager_error"))
     if dtype == "float32" and name == "MistralModel":
         # the key/value cache's cat (its first piece PyTorch's legacy 1-D empty tensor)
