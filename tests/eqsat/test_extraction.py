@@ -115,3 +115,33 @@ def test_an_arange_on_the_host_stays_a_host_constant():
     (c,) = [s for s in prog.steps if s.kind == "const" and s.op == "Arange"]
     assert c.place == "host"
     assert len(crossings(prog)) == 1  # the host op's result, to the device's Add
+
+
+def _residual_chain(n: int, left_deep: bool) -> str:
+    """``r_k = relu(exp(a_k) + r_(k-1))``, every r_k an output (written to memory)."""
+    lines = ["(input x f32 [64])", *(f"(input a{i} f32 [64])" for i in range(n))]
+    prev = "x"
+    for i in range(n):
+        terms = (prev, f"(Exp a{i})") if left_deep else (f"(Exp a{i})", prev)
+        lines.append(f"(let r{i} (Relu (Add {terms[0]} {terms[1]})))")
+        prev = f"r{i}"
+    lines += [f"(output r{i})" for i in range(n)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_residual_chain_stops_recomputing_at_the_read_bound():
+    """Extraction inlines every earlier r into each later one (a shared producer is paid
+    once); a body that already reads MAX_FUSED_READS tensors reads a producer written to
+    memory anyway from there, so no kernel reads more than one past the bound however
+    long the chain. Known gap: the bound counts reads in the body's order, so a chain
+    whose earlier value is the left operand (reached before any read) is not cut by it
+    (only by the depth bound), shown below."""
+    from saturn.eqsat.program import MAX_FUSED_READS
+
+    graph = parse_graph(_residual_chain(40, False))
+    c = compile_graph(graph, machine="gpu", io_on_device=True)
+    reads = [len(k.inputs) for k in c.program.kernels]
+    assert max(reads) == MAX_FUSED_READS + 1, reads
+    check_values(graph, c.program, scale=0.5)  # the cut reads the same values
+    c = compile_graph(parse_graph(_residual_chain(40, True)), machine="gpu", io_on_device=True)
+    assert max(len(k.inputs) for k in c.program.kernels) > MAX_FUSED_READS + 1
