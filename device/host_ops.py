@@ -87,6 +87,9 @@ ADAPTERS = {
     "Prod": _prod,
     "View": lambda x, shape: x.reshape(shape),
     "Pow": lambda x, e: torch.pow(x, e),
+    # the importer's clamp halves (no ATen spelling of their own): torch.clamp's semantics
+    "ClampMin": lambda x, lo: torch.clamp_min(x, lo),
+    "ClampMax": lambda x, hi: torch.clamp_max(x, hi),
     "Conv2d": lambda x, w, b, st, pa, di, g: torch.ops.aten.convolution.default(
         x, w, b, list(st), list(pa), list(di), False, [0, 0], g
     ),
