@@ -15,12 +15,12 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   host ops    host ops and crossings per call (summed over the compiled graphs, named)
   first call  wall time of the first compiled call (compile included)
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
-              on a GPU, Inductor (default mode), all in the same process
+              on a GPU, Inductor (default mode; its first call too), all in the same process
   memory      peak device memory of saturn's and eager's calls (GPU only)
 
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
-                        [--only NAME ...] [--timeout S] [--jobs N] [--no-baselines]
-                        [--json PATH]
+                        [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
+                        [--baselines all|eager|none] [--no-baselines]
 """
 
 from __future__ import annotations
@@ -253,8 +253,9 @@ def run_one(
     dtype_name: str,
     size: str,
     repeats: int = REPEATS,
-    baselines: bool = True,
+    baselines: str = "all",
 ) -> dict:
+    """One model's row. ``baselines``: "all" (eager and Inductor), "eager" or "none"."""
     import copy
 
     import saturn  # noqa: F401
@@ -345,17 +346,21 @@ def run_one(
     row["replays"] = sum(r.replays for r in runners)
     if gpu:
         row["saturn_peak"] = torch.saturn.max_memory_allocated(device)
-    if not baselines:
+    if baselines == "none":
         return row
     row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
         _timed(m_e, x_e, sync_ref, 1)
         row["eager_peak"] = torch.cuda.max_memory_allocated()
+    if gpu and baselines == "all":
         try:
             ind = torch.compile(m_e)
+            t = time.perf_counter()
             with torch.no_grad():
                 ind(*x_e)
+            sync_ref()
+            row["inductor_first_s"] = time.perf_counter() - t
             row["inductor_s"] = _timed(ind, x_e, sync_ref)
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -384,7 +389,16 @@ def summary(rows: list[dict]) -> str:
     )
     first = [r["first_call_s"] for r in rows if "first_call_s" in r]
     if first:
-        lines.append(f"mean first call {statistics.mean(first):.1f} s")
+        lines.append(
+            f"first call mean {statistics.mean(first):.1f} s, median "
+            f"{statistics.median(first):.1f} s, max {max(first):.1f} s"
+        )
+    ind_first = [r["inductor_first_s"] for r in rows if "inductor_first_s" in r]
+    if ind_first:
+        lines.append(
+            f"Inductor first call mean {statistics.mean(ind_first):.1f} s, median "
+            f"{statistics.median(ind_first):.1f} s"
+        )
     mem = [r["saturn_peak"] / r["eager_peak"] for r in ok if r.get("eager_peak")]
     if mem:
         lines.append(f"peak memory saturn/eager geomean {_geomean(mem):.2f}")
@@ -399,7 +413,7 @@ def _format(r: dict) -> str:
     if "eager_s" in r:
         times += f", eager {r['eager_s'] * 1e3:.2f} ms"
     if "inductor_s" in r:
-        times += f", inductor {r['inductor_s'] * 1e3:.2f} ms"
+        times += f", inductor {r['inductor_s'] * 1e3:.2f} ms (first {r['inductor_first_s']:.1f} s)"
     return (
         f"{r['model']:24s} {'ok     ' if r['correct'] else 'WRONG  '} err {r['error']:.1e} "
         f"graphs {r['graphs']} uncompiled {r['uncompiled']} breaks {r['graph_breaks']} "
@@ -413,8 +427,7 @@ def _format(r: dict) -> str:
 def _child(name: str, a: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--device", a.device]
     cmd += ["--dtype", a.dtype, "--size", a.size]
-    if a.no_baselines:
-        cmd.append("--no-baselines")
+    cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -440,13 +453,19 @@ def main() -> None:
         help="models run at once (correctness sweeps: the times of concurrent models mean little)",
     )
     ap.add_argument(
-        "--no-baselines", action="store_true", help="time saturn only (no Inductor, no eager)"
+        "--baselines",
+        default="all",
+        choices=["all", "eager", "none"],
+        help="what saturn is timed against: eager and Inductor, eager only, nothing",
     )
+    ap.add_argument("--no-baselines", action="store_true", help="the same as --baselines none")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        row = run_one(a.child, a.device, a.dtype, a.size, baselines=not a.no_baselines)
+        row = run_one(
+            a.child, a.device, a.dtype, a.size, baselines="none" if a.no_baselines else a.baselines
+        )
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)

@@ -78,10 +78,13 @@ class ConvPlan:
         stream: int,
         tf32: bool = False,
         tensor_cores: bool = False,
+        runtime_compiled: bool = False,
     ):
         """``tf32`` lets cuDNN pick TF32 engines where they are fastest; ``tensor_cores``
         keeps only TF32 tensor-core engines (the split plan's, whose operands are exact in
-        TF32)."""
+        TF32). ``runtime_compiled`` admits engines that cuDNN compiles at plan-building time
+        (NVRTC): building one takes seconds, and the half types rank many of them first, so
+        they are left out unless no precompiled engine takes the convolution."""
         import cudnn
 
         types = {
@@ -116,55 +119,65 @@ class ConvPlan:
         acc = cudnn.data_type.FLOAT if x.dtype in ("f16", "bf16") else t
         self.stream = stream
         self.handle = _handle(stream)
-        try:
-            g = cudnn.pygraph(
-                io_data_type=t,
-                intermediate_data_type=acc,
-                compute_data_type=acc,
-                handle=self.handle,
-            )
-            gx = g.tensor(name="x", dim=list(x.shape), stride=list(x.strides), data_type=t)
-            gw = g.tensor(name="w", dim=list(w.shape), stride=list(w.strides), data_type=t)
-            gy = g.conv_fprop(
-                image=gx,
-                weight=gw,
-                padding=list(p.padding),
-                stride=list(p.stride),
-                dilation=list(p.dilation),
-                compute_data_type=acc,
-            )
-            tensors = [gx, gw]
-            if bias is not None:
-                gb = g.tensor(
-                    name="b", dim=[1, w.shape[0], 1, 1], stride=[w.shape[0], 1, 1, 1], data_type=t
-                )
-                gy = g.add(a=gy, b=gb, compute_data_type=acc)
-                tensors.append(gb)
-            gy.set_output(True).set_data_type(t)
-            inferred = tuple(gy.get_dim()) if gy.get_dim() else want
-            if inferred != want:
-                raise ConvError(f"cuDNN's output {list(inferred)} is not PyTorch's {list(want)}")
-            gy.set_dim(list(out.shape)).set_stride(list(out.strides))
-            tensors.append(gy)
-            g.validate()
-            g.build_operation_graph()
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            if x.dtype == "f32" and tensor_cores:
-                g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
-            elif x.dtype == "f32" and not tf32:
-                g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
-            g.check_support()
-            g.build_plans()
-        except ConvError:
-            raise
-        except Exception as e:
-            raise ConvError(f"cuDNN could not plan this convolution: {e}") from e
+        for admit_compiled in (False, True) if not runtime_compiled else (True,):
+            try:
+                g, tensors = self._graph(x, w, bias, out, p, t, acc, want)
+                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                if x.dtype == "f32" and tensor_cores:
+                    g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+                elif x.dtype == "f32" and not tf32:
+                    g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+                if not admit_compiled:
+                    g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
+                g.check_support()
+                g.build_plans()
+                break
+            except ConvError:
+                raise
+            except Exception as e:
+                if admit_compiled:
+                    raise ConvError(f"cuDNN could not plan this convolution: {e}") from e
+        self.runtime_compiled = admit_compiled
         self.graph = g
         self.uids = tuple(tt.get_uid() for tt in tensors)
         self.workspace_size = int(g.get_workspace_size())
         self.tuned: tuple[float, int, int] | None = None  # (ms per call, plan index, workspace)
         self.candidates = 0  # plans the last autotune timed
         self.timings: dict[str, float] = {}  # ms per call, when tf32x3 was timed against it
+
+    def _graph(self, x: Layout, w: Layout, bias, out: Layout, p: ConvParams, t, acc, want):
+        """The operation graph (validated, built) and its tensors in ``run``'s order."""
+        import cudnn
+
+        g = cudnn.pygraph(
+            io_data_type=t, intermediate_data_type=acc, compute_data_type=acc, handle=self.handle
+        )
+        gx = g.tensor(name="x", dim=list(x.shape), stride=list(x.strides), data_type=t)
+        gw = g.tensor(name="w", dim=list(w.shape), stride=list(w.strides), data_type=t)
+        gy = g.conv_fprop(
+            image=gx,
+            weight=gw,
+            padding=list(p.padding),
+            stride=list(p.stride),
+            dilation=list(p.dilation),
+            compute_data_type=acc,
+        )
+        tensors = [gx, gw]
+        if bias is not None:
+            gb = g.tensor(
+                name="b", dim=[1, w.shape[0], 1, 1], stride=[w.shape[0], 1, 1, 1], data_type=t
+            )
+            gy = g.add(a=gy, b=gb, compute_data_type=acc)
+            tensors.append(gb)
+        gy.set_output(True).set_data_type(t)
+        inferred = tuple(gy.get_dim()) if gy.get_dim() else want
+        if inferred != want:
+            raise ConvError(f"cuDNN's output {list(inferred)} is not PyTorch's {list(want)}")
+        gy.set_dim(list(out.shape)).set_stride(list(out.strides))
+        tensors.append(gy)
+        g.validate()
+        g.build_operation_graph()
+        return g, tensors
 
     def autotune(self, ptrs: tuple[int, ...], workspace_for, candidates: int = 8) -> None:
         """Time the first ``candidates`` ranked plans that build on this call's own buffers

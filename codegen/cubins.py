@@ -19,9 +19,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from .sources import cache_dir, import_source, write_atomic
@@ -51,10 +53,38 @@ def signature(g: Generated):
     return tuple(ptrs + [types.int64] * len(g.params.ints))
 
 
+_building = threading.local()  # .cc: the compute capability ``ptx`` is building for
+
+
+def _target_device_hook() -> None:
+    """numba-cuda compiles a device function that a kernel calls (``forceinline`` helpers)
+    for the *current* device's compute capability, creating a CUDA context to ask for it:
+    none exists on a machine without a GPU, and a build worker should not make one. While
+    ``ptx`` builds for ``cc`` on this thread, the current device answers with ``cc`` (its
+    only attribute numba reads there); elsewhere it is numba's own."""
+    from numba.cuda import dispatcher
+
+    real = dispatcher.get_current_device
+    if getattr(real, "saturn_hook", False):
+        return
+
+    def current_device():
+        cc = getattr(_building, "cc", None)
+        return real() if cc is None else SimpleNamespace(compute_capability=cc)
+
+    current_device.saturn_hook = True
+    dispatcher.get_current_device = current_device
+
+
 def ptx(g: Generated, cc: tuple[int, int]) -> str:
     from numba import cuda
 
-    text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
+    _target_device_hook()
+    _building.cc = cc
+    try:
+        text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
+    finally:
+        _building.cc = None
     return text.rstrip("\x00")  # Numba's PTX ends with a NUL the linkers reject
 
 

@@ -1,0 +1,101 @@
+"""Where a convolution's compile time goes: cuDNN plan building and autotuning per dtype.
+
+    python bench/conv_plans.py [--batch 32] [--compiled-shapes 2]
+
+For ResNet-18's and MobileNetV2's convolution shapes at 224 px, on CUDA memory: seconds to
+build the plan (``codegen.conv.ConvPlan``), seconds to autotune it (build and time the first
+eight candidates), the candidates timed and the chosen plan's device milliseconds, in
+float32 and bfloat16; first with precompiled engines only (saturn's default), then, for the
+first ``--compiled-shapes`` shapes, with runtime-compiled (NVRTC) engines admitted. Compare
+the chosen plan's time with eager's ``nnf.conv2d`` (CUDA events, median of 20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as nnf
+
+from saturn.codegen.conv import ConvParams, ConvPlan
+from saturn.codegen.gemm import Layout
+
+# (input, weight, stride, padding, groups) at batch 1; the batch is set on the command line
+SHAPES = [
+    ((3, 224, 224), (64, 3, 7, 7), 2, 3, 1),
+    ((64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+    ((64, 56, 56), (128, 64, 3, 3), 2, 1, 1),
+    ((64, 56, 56), (128, 64, 1, 1), 2, 0, 1),
+    ((128, 28, 28), (128, 128, 3, 3), 1, 1, 1),
+    ((256, 14, 14), (256, 256, 3, 3), 1, 1, 1),
+    ((512, 7, 7), (512, 512, 3, 3), 1, 1, 1),
+    ((32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
+    ((96, 112, 112), (96, 1, 3, 3), 2, 1, 96),
+    ((144, 56, 56), (24, 144, 1, 1), 1, 0, 1),
+]
+NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def lay(t: torch.Tensor) -> Layout:
+    return Layout(NAMES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def eager_ms(x, w, s, p, g) -> float:
+    for _ in range(3):
+        nnf.conv2d(x, w, None, s, p, 1, g)
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        nnf.conv2d(x, w, None, s, p, 1, g)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def one(shape, dtype, batch: int, compiled: bool, keep: list) -> str:
+    (c, h, wd), wshape, s, p, g = shape
+    x = torch.randn(batch, c, h, wd, device="cuda", dtype=dtype)
+    w = torch.randn(*wshape, device="cuda", dtype=dtype)
+    out = nnf.conv2d(x, w, None, s, p, 1, g)
+    stream = torch.cuda.current_stream().cuda_stream
+    params = ConvParams((s, s), (p, p), (1, 1), g)
+
+    def workspace(n: int) -> int:
+        keep.append(torch.empty(max(n, 1), dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    t0 = time.perf_counter()
+    plan = ConvPlan(lay(x), lay(w), None, lay(out), params, stream, runtime_compiled=compiled)
+    t1 = time.perf_counter()
+    plan.autotune((x.data_ptr(), w.data_ptr(), out.data_ptr()), workspace)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    tuned = plan.tuned[0] if plan.tuned else float("nan")
+    return (
+        f"{NAMES[dtype]:4} {'nvrtc' if plan.runtime_compiled else 'pre':5} "
+        f"x{list(x.shape)} w{list(w.shape)} s{s} g{g}: build {t1 - t0:6.2f} s, "
+        f"autotune {t2 - t1:6.2f} s ({plan.candidates} plans), "
+        f"chosen {tuned:.3f} ms, eager {eager_ms(x, w, s, p, g):.3f} ms"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--compiled-shapes", type=int, default=2)
+    a = ap.parse_args()
+    keep: list = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in SHAPES:
+            print(one(shape, dtype, a.batch, False, keep), flush=True)
+    for dtype in (torch.bfloat16,):
+        for shape in SHAPES[: a.compiled_shapes]:
+            print(one(shape, dtype, a.batch, True, keep), flush=True)
+
+
+if __name__ == "__main__":
+    main()
