@@ -191,7 +191,13 @@ MODELS: dict[str, Callable] = {
         "DistilBertModel",
         {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128},
     ),
-    "RobertaModel": _hf("RobertaConfig", "RobertaModel"),
+    # roberta-base's published sizes: positions start after the padding index (1), so 512
+    # tokens need 514 position embeddings (the config's default, 512, indexes out of range)
+    "RobertaModel": _hf(
+        "RobertaConfig",
+        "RobertaModel",
+        full={"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1},
+    ),
     "OPTModel": _hf("OPTConfig", "OPTModel", {"ffn_dim": 128, "word_embed_proj_dim": 64}),
     "OPTModel-nocache": _hf(
         "OPTConfig", "OPTModel", {"ffn_dim": 128, "word_embed_proj_dim": 64}, cache=False

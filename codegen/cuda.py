@@ -215,6 +215,11 @@ def _operand_reads(
         elif o.indexing == "trailing":
             idx = f"{fi} % {u}m{i}"
             ints.append(f"m{i}")
+        elif _row_constant(k, i):  # read once per row (``_row_constant_head``)
+            g = _group(k, i) if o.indexing == "middle" else i
+            ints += [f"r{g}", f"m{g}"] if o.indexing == "middle" else [f"r{i}"]
+            lines.append(f"{ind}in{i}_v = rc{i}")
+            continue
         elif o.indexing == "leading":
             idx = f"{fi} // {u}r{i}"
             ints.append(f"r{i}")
@@ -368,7 +373,8 @@ def _vector_reads(
     broadcast operands once per run where the lanes share a value. ``runs`` says how
     middle and leading operands (runs of ``r`` equal values) are read: ``check`` tests
     whether the step stays in one run, ``shared`` knows it does (``q{g}``, the run, is
-    computed: see ``_loop_vector_step``), ``per-lane`` reads each lane. ``narrow``: 32-bit index
+    computed: see ``_loop_vector_step``), ``two`` knows it crosses into the next run after
+    ``e{g}`` lanes, ``per-lane`` reads each lane. ``narrow``: 32-bit index
     arithmetic over ``uj``."""
     lines: list[str] = []
     u_, jj = ("u", "uj") if narrow else ("", "j")
@@ -377,6 +383,9 @@ def _vector_reads(
         if used is not None and i not in used:
             continue
         names = [f"in{i}_v{u}" for u in range(lanes)]
+        if _row_constant(k, i):  # one value per row (``_row_constant_head``)
+            lines += [f"{ind}{v} = rc{i}" for v in names]
+            continue
         if o.indexing == "trailing" and _row_trailing(k, i):  # whole rows, from the base
             lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, pb{i} + r)")
             if load_expr(o.dtype, "v") != "v":
@@ -413,6 +422,20 @@ def _vector_reads(
             at = f"q{g} % {u_}m{g}" if o.indexing == "middle" else f"q{g}"
             read = load_expr(o.dtype, f"in{i}[{at}]")
             shared = [f"w{i} = {read}", *(f"{v} = w{i}" for v in names)]
+            if runs == "two":
+                # the step crosses one run's end (runs are at least ``lanes`` long): lanes
+                # before it (``e{g}`` of them) read run q, the rest run q + 1
+                one = "np.uint32(1)" if narrow else "1"
+                nxt = f"(q{g} + {one}) % {u_}m{g}" if o.indexing == "middle" else f"q{g} + {one}"
+                lines += [
+                    f"{ind}w{i} = {read}",
+                    # (a group whose own run goes on reads nothing past it: its last run
+                    # may be the operand's last)
+                    f"{ind}x{i} = "
+                    f"{load_expr(o.dtype, f'in{i}[{nxt}]')} if e{g} < {lanes} else w{i}",
+                    *(f"{ind}{v} = w{i} if {u} < e{g} else x{i}" for u, v in enumerate(names)),
+                ]
+                continue
             if runs == "shared":
                 lines += [ind + ln for ln in shared]
             else:
@@ -483,11 +506,20 @@ def _loop_vector_step(
         return head + step(ind, _vector_reads(k, lanes, rank, dnames, ind, narrow=narrow))
     inner = ind + "    "
     cond = " and ".join(f"{jj} - q{g} * {u_}r{g} + {lanes} <= {u_}r{g}" for g in groups)
+    # runs of at least ``lanes``: a step that leaves one run enters only the next, so each
+    # operand is read twice, not once per lane (per-lane reads of ResNet-152's sixteen
+    # per-channel vectors in bfloat16, where 8 lanes straddle 14x14 planes half the time,
+    # made one fused loop 30 times slower than its bandwidth)
+    two = " and ".join(f"{u_}r{g} >= {lanes}" for g in groups)
+    one = "np.uint32(1)" if narrow else "1"
     return [
         *head,
         *(f"{ind}q{g} = {jj} // {u_}r{g}" for g in groups),
         f"{ind}if {cond}:",
         *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="shared")),
+        f"{ind}elif {two}:",
+        *(f"{inner}e{g} = (q{g} + {one}) * {u_}r{g} - {jj}" for g in groups),
+        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="two")),
         f"{ind}else:",
         *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="per-lane")),
     ]
@@ -789,6 +821,33 @@ def _row_trailing(k: Kernel, i: int) -> bool:
     return o.shape[-1] == k.domain[-1] and math.prod(o.shape) % k.domain[-1] == 0
 
 
+def _row_constant(k: Kernel, i: int) -> bool:
+    """Whether rows kernel ``k``'s broadcast operand i is constant along each row (its last
+    extent 1, the row's more): an attention mask's per-query column [S, 1] under
+    [B, H, S, S]. Its run ``r`` is then a multiple of ``red``, so every element of row
+    ``row`` reads the value at the row's start, ``(row * red) // r``: read once per row
+    (``rc{i}``, ``_row_constant_head``), not divided out at every element of every pass."""
+    o = k.inputs[i]
+    if k.kind != "rows" or o.indexing not in ("leading", "middle") or not k.domain:
+        return False
+    return (not o.shape or o.shape[-1] == 1) and k.domain[-1] > 1
+
+
+def _row_constant_head(k: Kernel) -> list[str]:
+    """The row-constant operands' values (``_row_constant``), read at the row's start."""
+    lines = []
+    for i, o in enumerate(k.inputs):
+        if not _row_constant(k, i):
+            continue
+        if o.indexing == "middle":
+            g = _group(k, i)
+            at = f"((row * red) // r{g}) % m{g}"
+        else:
+            at = f"(row * red) // r{i}"
+        lines.append(f"        rc{i} = {load_expr(o.dtype, f'in{i}[{at}]')}")
+    return lines
+
+
 def _row_indexed(k: Kernel, i: int) -> bool:
     """Whether operand i holds a row of its own for each row: what a rows kernel may keep.
     Trailing operands are read from cache instead, with no division (``_row_trailing``):
@@ -920,6 +979,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         for i in range(len(k.inputs))
         if _row_trailing(k, i)
     ]
+    lines += _row_constant_head(k)
     if cache is not None:  # the kept values are defined on every path (a row's last step
         # may lie past its end for some threads)
         lines += [

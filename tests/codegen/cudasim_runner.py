@@ -80,6 +80,12 @@ GRAPHS = {
     "(output r)",
     "channel_runs_of_12": "(input x f32 [2 5 3 4])\n(input c f32 [5 1 1])\n"
     "(let r (Mul x c))\n(output r)",
+    # runs shorter than a vector (3 < 4 lanes: each lane reads its own) and a leading
+    # operand whose runs of 10 a step straddles (read at the run and the next)
+    "channel_runs_of_3": "(input x f32 [2 5 3])\n(input c f32 [5 1])\n"
+    "(input l f32 [2 1 1])\n(let r (Add (Mul x c) l))\n(output r)",
+    "leading_runs_of_10": "(input x f32 [3 2 5])\n(input l f32 [3 1 1])\n"
+    "(let r (Sub x l))\n(output r)",
     "channel_bool": "(input c bool [4 3 1])\n(input x f32 [2 4 3 6])\n(input y f32 [2 4 3 6])\n"
     "(let r (Where c x y))\n(output r)",
     "vector_with_tail": "(input a f32 [2003])\n(input b f32 [2003])\n"
@@ -146,6 +152,10 @@ GRAPHS = {
     "rows_add_layer_norm": "(input x f32 [4 90])\n(input y f32 [90 4])\n(param w f32 [90])\n"
     "(param b f32 [90])\n(let r (LayerNorm (Add x (Permute y [1 0])) w b [1] 1e-05))\n"
     "(output r)",
+    # an attention mask's per-query column [S, 1] and a per-row bias [B, H, S, 1]: values
+    # constant along each row, read once per row (``_row_constant``)
+    "rows_row_constant_softmax": "(input x f32 [2 3 5 40])\n(input m f32 [5 1])\n"
+    "(input l f32 [2 3 5 1])\n(let r (Softmax (Add (Add x m) l) 3))\n(output r)",
     # an embedding block's sum: position rows repeated over the batch (trailing rows)
     "rows_add_position_layer_norm": "(input x f32 [3 4 72])\n(input p f32 [4 72])\n"
     "(param w f32 [72])\n(param b f32 [72])\n"
@@ -467,6 +477,32 @@ def run_halves() -> int:
         got = from_memory(launch(k, arrays, [(n,), (n,), ()], [(1,), (1,), ()]), dtype)
         want = (a.float() + torch.tensor(s) * b.float()).to(torch_dtype[dtype])
         check(f"{dtype} a + s * b", got, want)
+        # per-channel and per-image operands under 8-lane steps that straddle runs of 12
+        # (read at the run and the next) and of 4 (each lane its own), rounded once
+        for plane in (12, 4):
+            x = torch.from_numpy(_half_inputs(dtype, 2 * 5 * plane, rng)).to(torch_dtype[dtype])
+            x = x.reshape(2, 5, plane)
+            c = torch.linspace(-2, 2, 5).to(torch_dtype[dtype]).reshape(5, 1)
+            lead = torch.tensor([0.5, -3.0]).reshape(2, 1, 1)
+            k = Kernel(
+                "loop",
+                "out",
+                dtype,
+                (2, 5, plane),
+                [
+                    Operand("in0", dtype, (2, 5, plane), "same"),
+                    Operand("in1", dtype, (5, 1), "middle"),
+                    Operand("in2", "f32", (2, 1, 1), "leading"),
+                ],
+                body=("add", ("mul", ("in", 0), ("in", 1)), ("in", 2)),
+                domain=(2, 5, plane),
+            )
+            arrays = [to_memory(x, dtype), to_memory(c, dtype), lead.numpy()]
+            shapes = [(2, 5, plane), (5, 1), (2, 1, 1)]
+            strides = [(5 * plane, plane, 1), (1, 1), (1, 1, 1)]
+            got = from_memory(launch(k, arrays, shapes, strides), dtype).reshape(2, 5, plane)
+            want = (x.float() * c.float() + lead).to(torch_dtype[dtype])
+            check(f"{dtype} channel runs of {plane} (8 lanes)", got, want)
         # a transposed half source into a packed float32 result, through a cast to bool
         m = torch.from_numpy(_half_inputs(dtype, 48, rng)).to(torch_dtype[dtype])
         base = m.reshape(6, 8)
@@ -893,7 +929,14 @@ def run_graphs() -> int:
     # strided and broadcast operands through 32-bit index arithmetic (what fitting launches
     # get): runs that vector steps cross (5) and do not (12), bool runs, a wrapping bias
     narrow = ("leading_strided", "permuted", "heads_permute", "channel_batch_norm")
-    more = ("channel_runs_of_12", "channel_bool", "bias_trailing", *BROADCAST_SUMS)
+    more = (
+        "channel_runs_of_12",
+        "channel_runs_of_3",
+        "leading_runs_of_10",
+        "channel_bool",
+        "bias_trailing",
+        *BROADCAST_SUMS,
+    )
     failures += run_all({k: GRAPHS[k] for k in (*narrow, *more)}, True)
     # reductions again through the split kernels (partials per chunk, then a fold): rows
     # and columns, NaN through max, mean's division and an epilogue, integers widening

@@ -20,9 +20,9 @@ from saturn.eqsat.pipeline import compile_graph
 SIMULATED = [
     # half loops, sums and rows kernels (4 of them reading a take) rounded once from
     # float32; movement kernels
-    ("movement", 100, 0, 60),
-    ("graphs", 75, 9, 0),  # every graph, then narrow and split (9 split reductions)
-    ("variants", 55, 0, 0),  # rows kernels kept, by warps, re-read; scalar loops
+    ("movement", 104, 0, 64),
+    ("graphs", 80, 9, 0),  # every graph, then narrow and split (9 split reductions)
+    ("variants", 61, 0, 0),  # rows kernels kept, by warps, re-read; scalar loops
 ]
 
 
@@ -149,8 +149,10 @@ def test_narrow_variant_divides_in_32_bits():
 def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
     """A batch norm's per-channel operands (middle indexing): a vector step inside one run
     reads them once, so ``rsqrt(var + eps)`` is computed once for the four lanes (one
-    square root there, four where the step crosses a run, beside the scalar tail's, which
-    the compiler unrolls); the narrow variant has no 64-bit division."""
+    square root there; four where the step crosses into the next run, its lanes choosing
+    between the two runs' values; four where runs are shorter than a step and each lane
+    reads its own; beside the scalar tail's, which the compiler unrolls); the narrow
+    variant has no 64-bit division."""
     (k,) = kernels_of(
         "(input x f32 [2 3 8])\n(input m f32 [3 1])\n(input v f32 [3 1])\n"
         "(let r (Mul (Sub x m) (Rsqrt (Add v (Scalar 1e-05 f32)))))\n(output r)\n"
@@ -159,7 +161,7 @@ def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
     wide, narrow = (cg.ptx(cg.generate(k, narrow=n), (9, 0)) for n in (False, True))
     scalar = cg.ptx(cg.generate(k, lanes=1), (9, 0))
     roots = [len(re.findall(r"\bsqrt\.rn\.f32\b", p)) for p in (wide, scalar)]
-    assert roots[0] - roots[1] == 1 + 4, roots
+    assert roots[0] - roots[1] == 1 + 4 + 4, roots
     assert re.search(r"\b(div|rem)\.s64\b", wide)
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\bdiv\.u32\b", narrow)
 
@@ -290,6 +292,35 @@ def test_a_rows_kernel_reads_whole_row_trailing_operands_from_a_row_base():
     # declines: a loop's trailing operand keeps its remainder (no rows there)
     (loop,) = kernels_of("(input x f32 [4 6])\n(input b f32 [6])\n(let r (Add x b))\n(output r)\n")
     assert loop.kind == "loop" and not cg._row_trailing(loop, 1)
+
+
+def test_a_rows_kernel_reads_row_constant_operands_once_per_row():
+    """An attention softmax's mask column [S, 1] (under [B, H, S, S]) and a per-row value
+    [B, H, S, 1] are constant along each row: each is read once per row at the row's start
+    (``rc{i}``), not divided out at every element of the three passes (64-bit divisions:
+    OPT's causal softmax on the H200 spent 1.1 ms a layer in them). Values:
+    cudasim_runner's ``rows_row_constant_softmax`` in every rows form."""
+    text = (
+        "(input x f32 [2 3 5 40])\n(input m f32 [5 1])\n(input l f32 [2 3 5 1])\n"
+        "(let r (Softmax (Add (Add x m) l) 3))\n(output r)\n"
+    )
+    (k,) = kernels_of(text)
+    assert k.kind == "rows"
+    constant = [i for i, o in enumerate(k.inputs) if cg._row_constant(k, i)]
+    assert sorted(k.inputs[i].indexing for i in constant) == ["leading", "middle"]
+    for lanes in (1, 4):
+        src = cg.generate(k, lanes=lanes).source
+        assert all(src.count(f"rc{i} = in{i}[") == 1 for i in constant), src
+        assert "// r" not in src.replace("(row * red) // r", "")  # no per-element division
+    # declines: a mask varying along the row ([S, S]: trailing), and a loop's broadcast
+    (k2,) = kernels_of(
+        "(input x f32 [2 5 40])\n(input m f32 [5 40])\n(let r (Softmax (Add x m) 2))\n(output r)\n"
+    )
+    assert k2.kind == "rows" and not any(cg._row_constant(k2, i) for i in range(len(k2.inputs)))
+    (loop,) = kernels_of(
+        "(input x f32 [4 6])\n(input b f32 [4 1])\n(let r (Add x b))\n(output r)\n"
+    )
+    assert loop.kind == "loop" and not cg._row_constant(loop, 1)
 
 
 def test_narrow_reductions_divide_in_32_bits():

@@ -1,0 +1,57 @@
+"""Where a zoo model's device time goes: kernels by total device time (CUPTI, through
+torch.profiler) for eager CUDA and saturn, per call, after warm-up (on a GPU machine).
+
+    python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] NAME ...
+
+The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+import zoo  # bench/zoo.py (this script's folder)
+from cupti import print_kernels
+
+import saturn  # noqa: F401
+
+GPU = "saturn:1"
+
+
+def profile(name: str, dtype: torch.dtype, size: str, top: int) -> None:
+    torch.manual_seed(0)
+    model, inputs = zoo.MODELS[name](size)
+    model = model.eval().to(dtype)
+
+    def put(dev):
+        return tuple(x.to(dev).to(dtype) if x.is_floating_point() else x.to(dev) for x in inputs)
+
+    with torch.no_grad():
+        print(f"== {name} {dtype}: eager", flush=True)
+        m, xs = copy.deepcopy(model).cuda(), put("cuda")
+        print_kernels(lambda: m(*xs), torch.cuda.synchronize, top=top)
+        torch._dynamo.reset()
+        sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
+        xg = put(GPU)
+        print(f"== {name} {dtype}: saturn", flush=True)
+        print_kernels(lambda: sat(*xg), lambda: torch.saturn.synchronize(GPU), top=top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("names", nargs="+")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--size", default="full", choices=["tiny", "full"])
+    ap.add_argument("--top", type=int, default=12)
+    a = ap.parse_args()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name in a.names:
+        profile(name, getattr(torch, a.dtype), a.size, a.top)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
