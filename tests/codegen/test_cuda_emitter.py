@@ -166,6 +166,22 @@ def test_broadcast_runs_share_their_values_and_divide_in_32_bits():
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\bdiv\.u32\b", narrow)
 
 
+def test_helpers_are_inlined_by_nvvm_and_build_without_a_gpu():
+    """A bfloat16 loop calling many helpers (eight lanes of max_nan, bf16_load, bf16_round,
+    bf16_store) declares them ``forceinline`` (NVVM inlines them: no call is left in the
+    PTX) and builds here, on a machine with no GPU (numba-cuda asks the current device for
+    its compute capability while compiling a called device function: ``ptx`` answers with
+    the target's, decision 0058)."""
+    (k,) = kernels_of(
+        "(input a bf16 [4 64])\n(input b bf16 [4 64])\n(input c bf16 [4 64])\n"
+        "(let r (Maximum (Maximum a b) c))\n(output r)\n"
+    )
+    g = cg.generate(k)
+    assert g.lanes == 8 and "forceinline=True" in g.source and 'inline="always"' not in g.source
+    ptx = cg.ptx(g, (9, 0))
+    assert not re.search(r"\bcall(\.uni)?\b", ptx)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_half_loops_and_row_copies_move_16_bytes_per_access(dtype):
     """Eight half elements per vector step, as four 32-bit words (LLVM would split an
