@@ -70,6 +70,12 @@ def test_block_matches_eager_and_replays(name):
     if lib == "conv":  # cuDNN's ranked float32 plans were timed and the fastest kept
         for _, plan in runner.plans.values():
             assert plan.candidates > 1 and plan.tuned is not None, (plan.candidates, plan.tuned)
+        # every convolution step reads one shared workspace, as large as the largest need
+        convs = [k.output for k in prog.kernels if k.kind == "conv"]
+        shared = {runner.workspaces[c].data_ptr() for c in convs}
+        need = max(runner.plans[c][1].workspace_size for c in convs)
+        assert len(convs) > 1 and len(shared) == 1, (len(convs), shared)
+        assert runner.workspaces[convs[0]].numel() >= need
 
 
 def test_replay_sees_inputs_changed_in_place_and_new_addresses():
