@@ -16,7 +16,8 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   first call  wall time of the first compiled call (compile included)
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
               on a GPU, Inductor (default mode; its first call too), all in the same process
-  memory      peak device memory of saturn's and eager's calls (GPU only)
+  memory      peak device memory of saturn's and eager's calls, and what saturn's runners
+              hold: the memory plan's arenas and the library plans' workspaces (GPU only)
 
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
@@ -352,6 +353,10 @@ def run_one(
     row["replays"] = sum(r.replays for r in runners)
     if gpu:
         row["saturn_peak"] = torch.saturn.max_memory_allocated(device)
+        # what the runners hold: the memory plan's arenas and the library plans' workspaces
+        row["saturn_arena"] = sum(r.arena.numel() for r in runners if r.arena is not None)
+        spaces = {id(t): t.numel() for r in runners for t in r.workspaces.values()}
+        row["saturn_workspaces"] = sum(spaces.values())
     if baselines == "none":
         return row
     row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
@@ -420,6 +425,13 @@ def _format(r: dict) -> str:
         times += f", eager {r['eager_s'] * 1e3:.2f} ms"
     if "inductor_s" in r:
         times += f", inductor {r['inductor_s'] * 1e3:.2f} ms (first {r['inductor_first_s']:.1f} s)"
+    if "saturn_peak" in r:
+        mb = 2**20
+        times += (
+            f"; peak {r['saturn_peak'] / mb:.0f} MB (arena {r['saturn_arena'] / mb:.0f}, "
+            f"workspaces {r['saturn_workspaces'] / mb:.0f})"
+            + (f", eager {r['eager_peak'] / mb:.0f} MB" if "eager_peak" in r else "")
+        )
     return (
         f"{r['model']:24s} {'ok     ' if r['correct'] else 'WRONG  '} err {r['error']:.1e} "
         f"graphs {r['graphs']} uncompiled {r['uncompiled']} breaks {r['graph_breaks']} "
