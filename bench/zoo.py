@@ -15,7 +15,8 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   host ops    host ops and crossings per call (summed over the compiled graphs, named)
   first call  wall time of the first compiled call (compile included)
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
-              on a GPU, Inductor (default mode; its first call too), all in the same process
+              on a GPU, Inductor (default mode; its first call too), all in the same process;
+              with --jobs N models compile side by side but are timed one at a time
   memory      peak device memory of saturn's and eager's calls, and what saturn's runners
               hold: the memory plan's arenas and the library plans' workspaces (GPU only)
 
@@ -27,11 +28,15 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -254,6 +259,23 @@ def _timed(fn, args, sync, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def _timing_slot():
+    """Held while a model's calls are timed: with ``--jobs`` above one the driver names a
+    lock file (``ZOO_TIMING_LOCK``) so that models compile side by side but are timed one
+    at a time, each alone on the GPU."""
+    path = os.environ.get("ZOO_TIMING_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def run_one(
     name: str,
     device: str,
@@ -346,7 +368,31 @@ def run_one(
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
-    row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
+    ind = None
+    if gpu and baselines == "all":  # compiled beside the other models, timed alone below
+        try:
+            ind = torch.compile(m_e)
+            t = time.perf_counter()
+            with torch.no_grad():
+                ind(*x_e)
+            sync_ref()
+            row["inductor_first_s"] = time.perf_counter() - t
+        except Exception as e:
+            ind = None
+            row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    with _timing_slot():
+        row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
+        if baselines != "none":
+            row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+                _timed(m_e, x_e, sync_ref, 1)
+                row["eager_peak"] = torch.cuda.max_memory_allocated()
+        if ind is not None:
+            try:
+                row["inductor_s"] = _timed(ind, x_e, sync_ref)
+            except Exception as e:
+                row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     # calls that failed and reran uncompiled (decision 0050), CUDA-graph replays
     row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
     runners = [cg.recipe.runner for cg in new if getattr(cg.recipe, "runner", None)]
@@ -357,24 +403,6 @@ def run_one(
         row["saturn_arena"] = sum(r.arena.numel() for r in runners if r.arena is not None)
         spaces = {id(t): t.numel() for r in runners for t in r.workspaces.values()}
         row["saturn_workspaces"] = sum(spaces.values())
-    if baselines == "none":
-        return row
-    row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
-    if gpu:
-        torch.cuda.reset_peak_memory_stats()
-        _timed(m_e, x_e, sync_ref, 1)
-        row["eager_peak"] = torch.cuda.max_memory_allocated()
-    if gpu and baselines == "all":
-        try:
-            ind = torch.compile(m_e)
-            t = time.perf_counter()
-            with torch.no_grad():
-                ind(*x_e)
-            sync_ref()
-            row["inductor_first_s"] = time.perf_counter() - t
-            row["inductor_s"] = _timed(ind, x_e, sync_ref)
-        except Exception as e:
-            row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     return row
 
 
@@ -468,7 +496,8 @@ def main() -> None:
         "--jobs",
         type=int,
         default=1,
-        help="models run at once (correctness sweeps: the times of concurrent models mean little)",
+        help="models run at once: they compile side by side (first calls are those of a "
+        "loaded machine) and are timed one at a time",
     )
     ap.add_argument(
         "--baselines",
@@ -487,6 +516,9 @@ def main() -> None:
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)
+    if a.jobs > 1:  # compile side by side, time one model at a time (_timing_slot)
+        lock = tempfile.NamedTemporaryFile(prefix="zoo-timing-", suffix=".lock", delete=False)
+        os.environ["ZOO_TIMING_LOCK"] = lock.name
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         rows = []
         for r in pool.map(lambda n: _child(n, a), names):
