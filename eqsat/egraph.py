@@ -38,8 +38,10 @@ class Bounds:
     e-graph would pass ``max_enodes`` (the pass that would is undone), or after
     ``seconds`` of wall time. Checked after every ruleset run, and every run is kept
     small by a back-off scheduler (``Saturation``); a run that would end past the time
-    bound (judged from the ruleset's last run and how much the e-graph grew since) is not
-    started, so each bound holds whatever the rules do."""
+    bound (judged from the ruleset's runs so far and how much the e-graph grew since) is
+    not started, so each bound holds whatever the rules do. A run cannot be interrupted:
+    the time bound is overshot by at most the run that crosses it
+    (``SaturationReport.last_run``)."""
 
     iterations: int = 12
     max_enodes: int = 50_000
@@ -71,7 +73,12 @@ class SaturationReport:
     iterations: list[IterationStats] = field(default_factory=list)
     stop_reason: str = ""  # "saturated" or the bound that stopped it
     seconds: float = 0.0  # wall time of the whole saturation
-    longest_run: float = 0.0  # the longest single ruleset run: how far a bound can overshoot
+    longest_run: float = 0.0  # the longest single ruleset run
+    # the final ruleset run: when it began (s after the start) and how long it took. Every
+    # run begins within the time bound; the one that crosses it cannot be interrupted, so
+    # it is how far the bound was overshot
+    last_start: float = 0.0
+    last_run: float = 0.0
 
     @property
     def saturated(self) -> bool:
@@ -213,6 +220,7 @@ class Saturation:
         }
         self.report = SaturationReport()
         self._deadline = math.inf
+        self._start = time.perf_counter()
         self._kept = 0
         self._pass_checkpoint = False
         self._size = 0  # e-nodes after the last run (what _over read)
@@ -236,6 +244,8 @@ class Saturation:
             out = self.egraph.run_program(*self._runs[name])
             took = time.perf_counter() - t0
             self.report.longest_run = max(self.report.longest_run, took)
+            self.report.last_start = t0 - self._start
+            self.report.last_run = took
             self._last[name] = (took, self._size)
             self._longest[name] = max(took, self._longest.get(name, 0.0))
         except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
@@ -333,7 +343,7 @@ class Saturation:
 
     def run(self) -> SaturationReport:
         start = time.perf_counter()
-        self._deadline = start + self.bounds.seconds
+        self._start, self._deadline = start, start + self.bounds.seconds
         self._kept = 0  # e-nodes held by checkpoints
         self._size = self.enodes()
         _, over = self._analyse({})
