@@ -1,6 +1,9 @@
 """Attention on saturn GPU tensors: ``saturn::attention`` (one cuDNN kernel, decision 0033)
 against PyTorch's ``scaled_dot_product_attention`` on CUDA tensors, bfloat16, eager, in one
 process. (saturn's unfused eager product is not timed: its softmax is the CPU fallback.)
+A second table times ``F.scaled_dot_product_attention`` itself on saturn tensors (the fused
+op the device chooses, decision 0061), causal and with grouped-query heads, against the same
+call on CUDA tensors.
 
 What is timed: wall time of one call plus a device synchronize, median of REPEATS calls
 after warm-up (the first call of a layout plans), q, k, v as [B, H, S, D] views of one
@@ -46,6 +49,32 @@ def row(b: int, s: int, h: int, d: int) -> str:
     return f"{f'{b}x{s}x{h}x{d}':>18s} {t_torch:14.1f} {t_fused:16.1f} {err:20.2e}"
 
 
+CAUSAL_SHAPES = ((8, 512, 16, 64, 16), (4, 2048, 32, 128, 8), (1, 4096, 32, 128, 8))
+
+
+def sdpa_row(b: int, s: int, h: int, d: int, hk: int) -> str:
+    """F.scaled_dot_product_attention(is_causal=True, enable_gqa=hk < h) on both devices."""
+    torch.manual_seed(0)
+    q = torch.randn(b, h, s, d).to(torch.bfloat16)
+    k, v = (torch.randn(b, hk, s, d).to(torch.bfloat16) for _ in range(2))
+    c = [t.cuda() for t in (q, k, v)]
+    g = [t.to(GPU) for t in (q, k, v)]
+    f = torch.nn.functional.scaled_dot_product_attention
+    gqa = hk < h
+
+    def torch_call():
+        return f(*c, is_causal=True, enable_gqa=gqa)
+
+    def saturn_call():
+        return f(*g, is_causal=True, enable_gqa=gqa)
+
+    t_torch = median_us(torch_call, torch.cuda.synchronize, REPEATS)
+    t_saturn = median_us(saturn_call, lambda: torch.saturn.synchronize(GPU), REPEATS)
+    err = (saturn_call().cpu().float() - torch_call().cpu().float()).abs().max().item()
+    shape = f"{b}x{s}x{h}/{hk}x{d}"
+    return f"{shape:>20s} {t_torch:14.1f} {t_saturn:16.1f} {err:20.2e}"
+
+
 if __name__ == "__main__":
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(
@@ -54,3 +83,11 @@ if __name__ == "__main__":
     )
     for shape in SHAPES:
         print(row(*shape))
+    print()
+    print("F.scaled_dot_product_attention(is_causal=True), bfloat16, eager")
+    print(
+        f"{'B x S x H/Hkv x D':>20s} {'torch CUDA us':>14s} {'saturn us':>16s} "
+        f"{'max |saturn - torch|':>20s}"
+    )
+    for shape in CAUSAL_SHAPES:
+        print(sdpa_row(*shape))

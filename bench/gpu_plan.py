@@ -59,7 +59,7 @@ def build_seconds(gens: list) -> float:
 
 def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
     import saturn  # noqa: F401
-    from saturn import backend
+    from saturn import backend, sdpa
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
@@ -92,6 +92,7 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
                 "host": host,
                 "crossings": c.program.count("crossing"),
                 "kernels": len(c.program.kernels),
+                "custom": sum(k.kind == "custom" for k in c.program.kernels),
                 "import_s": t_import,
                 "compile_s": compile_s,
             }
@@ -104,11 +105,15 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
         also_for_gpu.gm = gm
         return real_fx(gm, *a, **kw)
 
+    # attention traced as for a GPU with cuDNN: the fused op wherever its layouts are taken
+    real_takes = sdpa.fused_takes
     backend.compile_graph, backend.compile_fx = also_for_gpu, capture
+    sdpa.fused_takes = sdpa.layouts_take
     try:
         zoo.run_one(name, "saturn:0", dtype, size, repeats=1, baselines="none")
     finally:
         backend.compile_graph, backend.compile_fx = real, real_fx
+        sdpa.fused_takes = real_takes
     del compile_graph
     return planned
 
@@ -127,7 +132,8 @@ def main() -> None:
         for i, p in enumerate(plan(name, a.dtype, a.size, a.build)):
             host = ", ".join(f"{k} x{v}" for k, v in sorted(p["host"].items())) or "-"
             print(
-                f"{name} graph {i}: {p['ops']} ops, {p['kernels']} kernels, "
+                f"{name} graph {i}: {p['ops']} ops, {p['kernels']} kernels "
+                f"({p['custom']} custom), "
                 f"{p['crossings']} crossings, import {p['import_s']:.2f} s, "
                 f"compile {p['compile_s']:.2f} s; {p['generated']} generated kernels, "
                 f"{p['distinct']} distinct"

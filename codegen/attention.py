@@ -1,5 +1,6 @@
-"""Scaled dot-product attention, ``softmax(scale * q @ k^T) @ v`` over [B, H, S, D] operands,
-as one fused cuDNN kernel (the vendor's Python frontend), planned once per layout.
+"""Scaled dot-product attention, ``softmax(scale * q @ k^T + bias) @ v`` over [B, H, S, D]
+operands, optionally causal (query i sees keys 0..i, PyTorch's top-left alignment), as one
+fused cuDNN kernel (the vendor's Python frontend), planned once per layout.
 
 The fused kernel never writes the [S, S] scores: it keeps a running row maximum and sum
 (flash attention), computes in float32 and rounds the probabilities to the operands' type
@@ -20,6 +21,26 @@ HEAD_DIM_MAX = 256
 
 class AttentionError(RuntimeError):
     """Operands the fused attention plan cannot take."""
+
+
+def check_bias(q: Layout, k: Layout, bias: Layout) -> None:
+    """An additive bias (a mask) the kernel takes: q's dtype, [1 or B, 1 or H, Sq, Skv],
+    packed (batch and head axes broadcast by being 1, never by a zero stride)."""
+    b, h, sq, _ = q.shape
+    if bias.dtype != q.dtype:
+        raise AttentionError(f"the bias is {bias.dtype}; q is {q.dtype}")
+    if len(bias.shape) != 4:
+        raise AttentionError("the bias must be [batch or 1, heads or 1, Sq, Skv]")
+    bb, bh, bq, bk = bias.shape
+    if bb not in (1, b) or bh not in (1, h) or (bq, bk) != (sq, k.shape[2]):
+        raise AttentionError(f"bias {list(bias.shape)} for q {list(q.shape)}, k {list(k.shape)}")
+    packed, acc = [], 1
+    for n in reversed(bias.shape):
+        packed.append(acc)
+        acc *= n
+    dims = zip(bias.shape, bias.strides, packed[::-1], strict=True)
+    if any(n > 1 and st != want for n, st, want in dims):
+        raise AttentionError(f"the bias is not packed (strides {list(bias.strides)})")
 
 
 def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:
@@ -50,10 +71,26 @@ def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:
 
 
 class AttentionPlan:
-    """``out = softmax(scale * q @ k^T) @ v`` for fixed layouts; ``run`` takes pointers."""
+    """``out = softmax(scale * q @ k^T + bias) @ v`` (causal if asked) for fixed layouts;
+    ``run`` takes pointers: q, k, v, out, then the bias's and the statistics' if planned.
+    ``stats`` ([B, H, Sq, 1] float32, packed) asks for each row's log-sum-exp of its
+    scaled, biased scores (natural log), which aten's fused attention ops return."""
 
-    def __init__(self, q: Layout, k: Layout, v: Layout, out: Layout, scale: float, stream: int):
+    def __init__(
+        self,
+        q: Layout,
+        k: Layout,
+        v: Layout,
+        out: Layout,
+        scale: float,
+        stream: int,
+        bias: Layout | None = None,
+        causal: bool = False,
+        stats: bool = False,
+    ):
         check_operands(q, k, v, out)
+        if bias is not None:
+            check_bias(q, k, bias)
         import cudnn
 
         t = {"f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16}[q.dtype]
@@ -70,16 +107,34 @@ class AttentionPlan:
                 g.tensor(name=n, dim=list(x.shape), stride=list(x.strides), data_type=t)
                 for n, x in (("q", q), ("k", k), ("v", v))
             ]
-            o, _ = g.sdpa(
+            extra = {}
+            if bias is not None:
+                ins.append(
+                    g.tensor(
+                        name="bias", dim=list(bias.shape), stride=list(bias.strides), data_type=t
+                    )
+                )
+                extra["bias"] = ins[-1]
+            if causal:  # PyTorch's is_causal: top-left aligned, nothing right of the diagonal
+                extra["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
+                extra["diagonal_band_right_bound"] = 0
+            o, st = g.sdpa(
                 name="attention",
                 q=ins[0],
                 k=ins[1],
                 v=ins[2],
                 attn_scale=float(scale),
-                generate_stats=False,
+                generate_stats=stats,
+                **extra,
             )
             o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.strides))
             o.set_data_type(t)
+            outs = [o]
+            if stats:
+                b, h, sq, _ = q.shape
+                st.set_output(True).set_dim([b, h, sq, 1]).set_stride([h * sq, sq, 1, 1])
+                st.set_data_type(cudnn.data_type.FLOAT)
+                outs.append(st)
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -88,11 +143,13 @@ class AttentionPlan:
         except Exception as e:
             raise AttentionError(f"cuDNN could not plan this attention: {e}") from e
         self.graph = g
-        self.uids = tuple(x.get_uid() for x in (*ins, o))
+        # pointers come as q, k, v, out, [bias], [stats]
+        order = [*ins[:3], o, *ins[3:], *outs[1:]]
+        self.uids = tuple(x.get_uid() for x in order)
         self.workspace_size = int(g.get_workspace_size())
 
-    def run(self, ptrs: tuple[int, int, int, int], workspace: int) -> None:
-        """``ptrs``: q, k, v, out."""
+    def run(self, ptrs: tuple[int, ...], workspace: int) -> None:
+        """``ptrs``: q, k, v, out, then the bias and the statistics where planned."""
         self.graph.execute(
             tuple(_Ptr(p) for p in ptrs), _Ptr(workspace), handle=self.handle, tensor_uids=self.uids
         )

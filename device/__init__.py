@@ -21,7 +21,8 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
 # registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
-# convolutions (on the host), fused LSTM/GRU cells, and the custom op saturn::attention
+# convolutions (on the host), fused LSTM/GRU cells, the custom op saturn::attention and
+# scaled_dot_product_attention's fused path (sdpa)
 from . import (  # noqa: E402, F401
     eager_conv,
     eager_kernels,
@@ -30,6 +31,7 @@ from . import (  # noqa: E402, F401
     eager_reduce,
     eager_rnn,
     fused_attention,
+    sdpa,
 )
 from .custom_ops import custom_op  # noqa: E402
 from .explain import explain  # noqa: E402

@@ -11,6 +11,7 @@ from torch._decomp import core_aten_decompositions
 
 from saturn.eqsat import optable as ot
 
+from . import sdpa
 from .fused_attention import fused_attention_takes, unfused
 
 
@@ -223,4 +224,7 @@ def table() -> dict:
     out[torch.ops.aten.gather.default] = gather
     out[torch.ops.aten.scatter.value] = scatter_value
     out[torch.ops.aten.scatter_add.default] = scatter_add
+    out[torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default] = (
+        sdpa.decomposition
+    )
     return out

@@ -1,0 +1,55 @@
+// Which kernel aten's scaled_dot_product_attention calls on saturn tensors. aten asks the
+// device's _fused_sdp_choice stub; without one it writes the math out (two batched
+// products and a softmax over the whole [S, S] score matrix, in float32). Where saturn's
+// fused kernel can take the call this answers "overrideable", and aten calls
+// _scaled_dot_product_fused_attention_overrideable, which saturn implements in Python
+// (device/sdpa.py): the fused cuDNN kernel on a GPU, the same math elsewhere.
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/native/transformers/attention.h>
+
+namespace saturn {
+namespace {
+
+bool half_type(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                   std::optional<double> /*scale*/, bool enable_gqa) {
+  constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
+  if (!at::globalContext().userEnabledOverrideableSDP()) return math;
+  // dropout draws from an RNG stream the fused kernel does not share; a gradient needs
+  // the backward kernel saturn does not have: both keep PyTorch's math
+  if (dropout_p > 0.0) return math;
+  const bool grad = at::GradMode::is_enabled() &&
+                    (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                     (mask.has_value() && mask->defined() && mask->requires_grad()));
+  if (grad) return math;
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
+  if (!half_type(q.scalar_type()) || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type())
+    return math;
+  const int64_t d = q.sym_size(3).guard_int(__FILE__, __LINE__);
+  if (k.sym_size(3).guard_int(__FILE__, __LINE__) != d ||
+      v.sym_size(3).guard_int(__FILE__, __LINE__) != d || d % 8 != 0 || d > 256)
+    return math;
+  const int64_t hq = q.sym_size(1).guard_int(__FILE__, __LINE__);
+  const int64_t hk = k.sym_size(1).guard_int(__FILE__, __LINE__);
+  if (v.sym_size(1).guard_int(__FILE__, __LINE__) != hk || hk == 0 || hq % hk != 0) return math;
+  // heads that differ without enable_gqa: aten's math raises, as on every device
+  if (hq != hk && !enable_gqa) return math;
+  if (mask.has_value() && mask->defined()) {
+    if (is_causal) return math;  // aten's math raises for this pair; let it
+    const auto t = mask->scalar_type();
+    if (mask->dim() > 4 || (t != at::kBool && t != q.scalar_type())) return math;
+  }
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+}  // namespace
+}  // namespace saturn
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &saturn::sdp_choice)
+}  // namespace at::native

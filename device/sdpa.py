@@ -1,0 +1,314 @@
+"""``F.scaled_dot_product_attention`` on saturn tensors: one fused kernel where it can be.
+
+aten's ``scaled_dot_product_attention`` asks the device which kernel to call. saturn's answer
+(``csrc/attention.cpp``) is aten's math (two batched products and a softmax over the whole
+[Sq, Skv] score matrix, in float32) for float32, dropout, gradients, odd head sizes; and for
+half types ``_scaled_dot_product_fused_attention_overrideable``, implemented here:
+
+* eager calls: the fused cuDNN kernel on a GPU (``codegen/attention.py``, with the row
+  log-sum-exp the op returns), the math everywhere else (saturn:0, layouts cuDNN refuses);
+* compiled graphs (``decomposition``, in saturn's decomposition table): a ``saturn::sdpa``
+  or ``saturn::sdpa_bias`` custom op where the fused kernel takes the operands (placed on
+  the device as one ``Custom`` step), aten's math written out otherwise, so the e-graph sees
+  exactly what it saw before this op was chosen.
+
+Grouped-query heads (fewer key/value heads than query heads, which aten passes unexpanded)
+are expanded before the fused kernel, as ``enable_gqa`` expands them (``repeat_interleave``).
+The fused kernel computes in float32 and rounds the probabilities to the half type before
+the second product, as PyTorch's own fused CUDA kernels do; the math rounds only the result.
+A row whose every score is -inf (every key masked) is 0 in the math (``_safe_softmax``)
+and not defined by the fused kernel, as with PyTorch's fused CUDA kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+import torch
+
+from saturn.codegen.attention import AttentionError, AttentionPlan, check_bias, check_operands
+from saturn.codegen.conv import cudnn_unavailable
+from saturn.codegen.gemm import Layout
+from saturn.eqsat.program import packed_strides
+
+from .custom_ops import count_fallback, custom_op
+from .importer import DTYPES
+
+log = logging.getLogger("saturn")
+aten = torch.ops.aten
+
+_PLANS: dict[tuple, tuple[AttentionPlan, torch.Tensor] | str] = {}
+_LOCK = threading.Lock()
+
+
+def _layout(t: torch.Tensor) -> Layout:
+    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def expand_heads(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Key or value heads repeated to q's head count (``enable_gqa``'s repeat_interleave:
+    query head h reads key/value head h // (Hq / Hkv))."""
+    hq, hk = q.shape[1], kv.shape[1]
+    if hq == hk:
+        return kv
+    b, _, s, d = kv.shape
+    return kv[:, :, None].expand(b, hk, hq // hk, s, d).reshape(b, hq, s, d)
+
+
+def bias4(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A mask broadcast to [1 or B, 1 or H, Sq, Skv], packed (what the kernel reads):
+    leading unit axes added; query and key axes that broadcast are written out."""
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    b, h, sq, _ = q.shape
+    shape = (
+        b if bias.shape[0] != 1 else 1,
+        h if bias.shape[1] != 1 else 1,
+        sq,
+        k.shape[2],
+    )
+    if tuple(bias.shape) != shape or not bias.is_contiguous():
+        bias = bias.expand(shape).contiguous()
+    return bias
+
+
+def reference(q, k, v, bias=None, scale: float = 1.0, causal: bool = False):
+    """Attention as aten's math computes it on a device: float32 throughout, the result
+    rounded once to the operands' type."""
+    k, v = expand_heads(q, k), expand_heads(q, v)
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        s = s + bias.float()
+    p = aten._safe_softmax(s, -1)
+    return (p @ v.float()).to(q.dtype)
+
+
+def log_sum_exp(q, k, bias, scale: float, causal: bool) -> torch.Tensor:
+    """Each row's log-sum-exp of its scaled (masked) scores, float32 [B, H, Sq]."""
+    k = expand_heads(q, k)
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        s = s + bias.float()
+    return torch.logsumexp(s, -1)
+
+
+def layouts_take(q, k, v, bias=None) -> bool:
+    """Whether the fused kernel takes these operands' dtypes and layouts (real or fake
+    tensors, k and v with q's heads): a half type, what ``check_operands`` and
+    ``check_bias`` accept."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if q.dim() != 4 or v.dim() != 4 or v.shape[-1] != q.shape[-1]:
+        return False
+    out = Layout(DTYPES[q.dtype], tuple(q.shape), packed_strides(tuple(q.shape)))
+    try:
+        check_operands(_layout(q), _layout(k), _layout(v), out)
+        if bias is not None:
+            check_bias(_layout(q), _layout(k), _layout(bias))
+    except AttentionError:
+        return False
+    return True
+
+
+def fused_takes(q, k, v, bias=None) -> bool:
+    """Whether the fused kernel runs for these operands: saturn GPU tensors, cuDNN
+    present, layouts it takes."""
+    ts = [q, k, v] + ([bias] if bias is not None else [])
+    if any(t.device.type != "saturn" or t.device.index < 1 for t in ts):
+        return False
+    return cudnn_unavailable() is None and layouts_take(q, k, v, bias)
+
+
+def _run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
+    """The fused kernel into ``out`` (and the row statistics into ``stats``); False where
+    cuDNN refused this layout (logged once, remembered)."""
+    index = out.device.index
+    layouts = [_layout(t) for t in (q, k, v, out)]
+    key = (index, *layouts, _layout(bias) if bias is not None else None, scale, causal)
+    key += (stats is not None,)
+    with _LOCK:
+        have = _PLANS.get(key)
+        if have is None:
+            stream = torch.saturn.stream_handle(index)
+            try:
+                with torch.saturn.device(index):
+                    plan = AttentionPlan(
+                        *layouts,
+                        scale,
+                        stream,
+                        bias=_layout(bias) if bias is not None else None,
+                        causal=causal,
+                        stats=stats is not None,
+                    )
+                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=out.device)
+                have = (plan, ws)
+            except AttentionError as e:
+                log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
+                have = str(e)
+            _PLANS[key] = have
+    if isinstance(have, str):
+        return False
+    plan, ws = have
+    ptrs = [t.data_ptr() for t in (q, k, v, out)]
+    ptrs += [t.data_ptr() for t in (bias, stats) if t is not None]
+    with torch.saturn.device(index):
+        plan.run(tuple(ptrs), ws.data_ptr())
+    return True
+
+
+def _split(rest: tuple) -> tuple:
+    """(bias, scale, causal) from what follows q, k, v: ``saturn::sdpa`` passes
+    (scale, causal), ``saturn::sdpa_bias`` (bias, scale)."""
+    if isinstance(rest[0], torch.Tensor):
+        return rest[0], rest[1], False
+    return None, rest[0], rest[1]
+
+
+def _host(name: str):
+    def run(out, q, k, v, *rest) -> None:
+        bias, scale, causal = _split(rest)
+        if not _run_fused(out, q, k, v, bias, float(scale), bool(causal)):
+            count_fallback(name)  # the math on the device's eager ops
+            with torch.saturn.device(out.device.index):
+                out.copy_(reference(q, k, v, bias, float(scale), bool(causal)))
+
+    return run
+
+
+def _sdpa_ref(q, k, v, scale: float, causal: bool):
+    return reference(q, k, v, None, scale, causal)
+
+
+def _sdpa_bias_ref(q, k, v, bias, scale: float):
+    return reference(q, k, v, bias, scale, False)
+
+
+def _takes(q, k, v, *rest) -> bool:
+    return fused_takes(q, k, v, _split(rest)[0])
+
+
+sdpa = custom_op(
+    "saturn::sdpa",
+    "(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
+    reference=_sdpa_ref,
+    dtypes=(torch.float16, torch.bfloat16),
+    host=_host("saturn::sdpa"),
+    when=_takes,
+)
+sdpa_bias = custom_op(
+    "saturn::sdpa_bias",
+    "(Tensor q, Tensor k, Tensor v, Tensor bias, float scale) -> Tensor",
+    reference=_sdpa_bias_ref,
+    dtypes=(torch.float16, torch.bfloat16),
+    host=_host("saturn::sdpa_bias"),
+    when=_takes,
+)
+
+
+def _results(q, k, out, lse):
+    """The op's nine results: cumulative sequence lengths and the debug mask are not
+    produced (no nested tensors, no dropout), the RNG seed and offset are zeros."""
+    zero = torch.zeros((), dtype=torch.long, device=q.device)
+    return (out, lse, None, None, q.shape[-2], k.shape[-2], zero, zero.clone(), None)
+
+
+def _operands(query, key, value, attn_bias):
+    """[B, H, S, D] operands (a 3-D call is one batch) and the mask broadcast for the
+    kernel, in the mask's own dtype (aten turned a boolean mask into 0 and -inf)."""
+    q, k, v = (t.unsqueeze(0) if t.dim() == 3 else t for t in (query, key, value))
+    bias = bias4(q, k, attn_bias) if attn_bias is not None else None
+    return q, k, v, bias
+
+
+def overrideable(
+    query,
+    key,
+    value,
+    attn_bias=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+):
+    """The eager kernel: fused on a GPU where it takes the call, the math otherwise."""
+    q, k, v, bias = _operands(query, key, value, attn_bias)
+    s = _scale(q, scale)
+    kk, vv = expand_heads(q, k), expand_heads(q, v)
+    if dropout_p == 0.0 and fused_takes(q, kk, vv, bias):
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        b, h, sq, _ = q.shape
+        stats = torch.empty((b, h, sq, 1), dtype=torch.float32, device=q.device)
+        if _run_fused(out, q, kk, vv, bias, s, is_causal, stats):
+            if query.dim() == 3:
+                out = out.squeeze(0)
+            return _results(query, key, out, stats.view(b, h, sq))
+        count_fallback("aten::_scaled_dot_product_fused_attention_overrideable")
+    out, _ = aten._scaled_dot_product_attention_math(
+        query,
+        key,
+        value,
+        attn_bias,
+        dropout_p,
+        is_causal,
+        None,
+        scale=scale,
+        enable_gqa=query.shape[-3] != key.shape[-3],
+    )
+    lse = log_sum_exp(q, k, bias, s, is_causal)
+    return _results(query, key, out, lse)
+
+
+def decomposition(
+    query,
+    key,
+    value,
+    attn_bias=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+):
+    """The op in a compiled graph: the fused custom op where it takes the operands, aten's
+    math otherwise; the log-sum-exp written out beside it (unused in inference graphs,
+    where it is dropped with the other unused results)."""
+    q, k, v, bias = _operands(query, key, value, attn_bias)
+    s = _scale(q, scale)
+    kk, vv = expand_heads(q, k), expand_heads(q, v)
+    if dropout_p == 0.0 and fused_takes(q, kk, vv, bias):
+        if bias is None:
+            out = torch.ops.saturn.sdpa(q, kk, vv, s, is_causal)
+        else:
+            out = torch.ops.saturn.sdpa_bias(q, kk, vv, bias, s)
+        if query.dim() == 3:
+            out = out.squeeze(0)
+    else:
+        out, _ = aten._scaled_dot_product_attention_math(
+            query,
+            key,
+            value,
+            attn_bias,
+            dropout_p,
+            is_causal,
+            None,
+            scale=scale,
+            enable_gqa=query.shape[-3] != key.shape[-3],
+        )
+    return _results(query, key, out, log_sum_exp(q, k, bias, s, is_causal))
+
+
+_lib = torch.library.Library("aten", "IMPL")  # kept: a dropped Library unregisters
+_lib.impl("_scaled_dot_product_fused_attention_overrideable", overrideable, "PrivateUse1")
