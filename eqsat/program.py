@@ -10,7 +10,7 @@ kernel typed, outputs defined.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from . import optable as ot
@@ -202,6 +202,7 @@ MAX_BODY_DEPTH = 128  # nested ops in one kernel body (see _Lowering._inline_cut
 # distinct tensors a kernel reads before it reads a fused producer that is in memory anyway
 # instead of recomputing it (see _Lowering._inline_cut)
 MAX_FUSED_READS = 16
+RECOMPUTE_WALK = 256  # body nodes _recompute_reads_more walks before answering yes
 
 
 class _Lowering:
@@ -222,6 +223,10 @@ class _Lowering:
         self.done: dict[int, str] = {}
         self.done_extra: dict[tuple, str] = {}
         self.visiting: set[int] = set()
+        # loops written to memory whatever their readers do (read through an Ld from
+        # outside any body, or by a library op, host op or output); None until known
+        self.materialized: set[int] | None = None
+        self._body: set[int] = set()  # what the body being lowered reads (_body_reads)
         self.names_of: dict[int, list[str]] = {}
         for name, cid in view.named.items():
             self.names_of.setdefault(cid, []).append(name)
@@ -412,6 +417,7 @@ class _Lowering:
             body_cid = en.kids[0]
             domain = self.types[body_cid][1]
             leaves: list[int] = []
+            self._body = self._body_reads(body_cid)
             body = self.expr(body_cid, leaves, fused)
             inputs = [self._operand(c, domain, fused) for c in leaves]
             fused = [n for n in fused if n not in covers]
@@ -634,23 +640,69 @@ class _Lowering:
     def _nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])
 
-    def _inline_cut(self, cid: int, depth: int, reads: int) -> int | None:
-        """The loop an ``Inline`` at ``depth``, in a body that reads ``reads`` tensors so
-        far, reads instead of recomputing: where the body is already MAX_BODY_DEPTH deep (a
-        chain of thousands of fused ops becomes kernels of bounded depth: bounded Python
-        stacks here and in the code generators, bodies Numba compiles in reasonable time),
-        or already reads MAX_FUSED_READS tensors and the loop is written to memory anyway.
-        Extraction pays a shared producer once however many bodies recompute it, so a
-        residual stream (ResNet's adds, a transformer's) is inlined into every later
-        block's kernel: each reads every earlier block's tensors, which grows with depth
-        (a ResNet-152 stage: a body of 250 ops reading 157 tensors, minutes to compile).
-        Reading the loop's output gives the same values."""
-        if depth < MAX_BODY_DEPTH and reads < MAX_FUSED_READS:
+    def _inline_cut(self, cid: int, depth: int, reads: Collection[int]) -> int | None:
+        """The loop an ``Inline`` at ``depth``, in a body that reads ``reads`` so far,
+        reads instead of recomputing. Extraction pays a shared producer once however many
+        bodies recompute it, so without a cut a residual stream (ResNet's adds, a
+        transformer's) is inlined into every later block's kernel, each re-reading every
+        earlier block's tensors. So a body reads the loop's output (the same values) where
+        the loop is written to memory anyway and recomputing it would read at least as
+        many bytes the body does not read otherwise (a broadcast operand is read at its
+        own size; reading saves the arithmetic too);
+        and, whatever the loop, where the body is MAX_BODY_DEPTH deep (bounded Python
+        stacks here and in the code generators, bodies Numba compiles in reasonable time)
+        or reads MAX_FUSED_READS tensors already and the loop has an extracted choice."""
+        loop = self._loop_of(cid)
+        if loop is None or loop not in self.best:
             return None
-        for twin in self.view.classes[cid]:
-            if twin.op == "Ld" and twin.kids[0] in self.best:
-                return twin.kids[0]
+        if depth >= MAX_BODY_DEPTH or len(reads) >= MAX_FUSED_READS:
+            return loop
+        if self.materialized is not None and loop in self.materialized:
+            new = self._leaves(self.best[cid].enode.kids[0], RECOMPUTE_WALK) - self._body
+            if -1 in new or sum(self._nbytes(c) for c in new) >= self._nbytes(loop):
+                return loop
         return None
+
+    def _nbytes(self, cid: int) -> int:
+        dtype, shape = self.types.get(cid, ("f32", (1,)))
+        return math.prod(shape) * ot.ITEMSIZE.get(dtype, 4)
+
+    def _loop_of(self, cid: int) -> int | None:
+        """The loop whose output an ``Inline`` class holds (its ``Ld`` twin's loop)."""
+        return next((t.kids[0] for t in self.view.classes[cid] if t.op == "Ld"), None)
+
+    def _leaves(self, root: int, limit: int | None = None) -> set[int]:
+        """What a body (or an inlined part of one) reads with every ``Inline`` of a loop
+        written to memory anyway read from there: its ``Ld`` operands and those loops.
+        Past ``limit`` nodes, a set no body holds (-1: "reads more than it can show")."""
+        out: set[int] = set()
+        stack, seen = [root], set()
+        while stack:
+            c = stack.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            if limit is not None and len(seen) > limit:
+                return {-1}
+            e = self.best[c].enode
+            if e.op == "Ld":
+                if self._broadcast_scalar(e.kids[0]) is None:
+                    out.add(e.kids[0])
+            elif e.op == "Inline":
+                loop = self._loop_of(c)
+                if self.materialized and loop in self.materialized:
+                    out.add(loop)
+                else:
+                    stack.append(e.kids[0])
+            elif e.op != "ESc":
+                stack += e.kids
+        return out
+
+    def _body_reads(self, root: int) -> set[int]:
+        """What the body at ``root`` reads, every recomputable loop written to memory
+        anyway read from there (``_inline_cut`` recomputes one only if its own reads are
+        among these)."""
+        return self._leaves(root) if self.materialized else set()
 
     def _leaf_reads(self, t: int) -> list[int]:
         """What reading loop operand ``t`` lowers first (see ``_operand``)."""
@@ -672,6 +724,7 @@ class _Lowering:
         if op in ("Loop", "Reduce"):
             out: list[int] = []
             read: set[int] = set()  # ``expr``'s leaves, in the same (pre-)order
+            self._body = self._body_reads(en.kids[0])
             stack = [(en.kids[0], 0)]
             while stack:
                 c, depth = stack.pop()
@@ -681,7 +734,7 @@ class _Lowering:
                     if self._broadcast_scalar(e.kids[0]) is None:
                         read.add(e.kids[0])
                 elif e.op == "Inline":
-                    cut = self._inline_cut(c, depth, len(read))
+                    cut = self._inline_cut(c, depth, read)
                     if cut is not None:
                         out += self._leaf_reads(cut)
                         if self._broadcast_scalar(cut) is None:
@@ -698,7 +751,7 @@ class _Lowering:
     def expr(self, cid: int, leaves: list[int], covers: list[str], depth: int = 0) -> Expr:
         en = self.best[cid].enode
         if en.op == "Inline":
-            cut = self._inline_cut(cid, depth, len(leaves))
+            cut = self._inline_cut(cid, depth, leaves)
             if cut is not None:  # read the loop's output: a leaf, like an Ld
                 if self._broadcast_scalar(cut) is None:
                     if cut not in leaves:
@@ -745,6 +798,7 @@ def lower(
         for r in roots
         if not (io_on_device and place.get(r) == "host" and not low._leaf(r) and low._constant(r))
     ]
+    low.materialized = _written(low, wanted)
     for c in _post_order(low, wanted):
         low.value(c)
     outputs = []
@@ -775,6 +829,36 @@ def lower(
     prog = _renumber(fuse_reduce_epilogues(Program(low.steps, outputs, inputs)))
     validate(prog)
     return prog
+
+
+def _written(low: _Lowering, roots: list[int]) -> set[int]:
+    """The loops the extracted program writes to memory whatever bodies recompute: those
+    the roots need from outside any body (an output, a library or host op's operand, an
+    ``Ld`` of a body), with every ``Inline`` recomputed. One walk, each class visited at
+    most once outside and once inside bodies (what a class reaches does not depend on
+    the body it is reached from)."""
+    top: set[int] = set()
+    inside: set[int] = set()
+    stack = [(r, False) for r in roots if r in low.best]
+    while stack:
+        c, in_body = stack.pop()
+        seen = inside if in_body else top
+        if c in seen or c not in low.best:
+            continue
+        seen.add(c)
+        en = low.best[c].enode
+        if not in_body:
+            if en.op in ("Loop", "Reduce"):
+                stack.append((en.kids[0], True))
+            elif not (en.op in ("Input", "Param") or en.op in ot.CONSTANTS):
+                stack += [(k, False) for k in low.deps(c)]
+        elif en.op == "Ld":
+            stack += [(t, False) for t in low._leaf_reads(en.kids[0])]
+        elif en.op == "Inline":
+            stack.append((en.kids[0], True))
+        elif en.op != "ESc":
+            stack += [(k, True) for k in en.kids]
+    return {c for c in top if low.best[c].enode.op == "Loop"}
 
 
 def _post_order(low: _Lowering, roots: list[int]) -> list[int]:
