@@ -27,15 +27,25 @@ import zoo
 
 def kernel_sources(program) -> list:
     """The variants of every generated kernel of a GPU program its runner builds before
-    the first call (``CudaKernel.expected``)."""
+    the first call (``CudaKernel.expected``, concatenations and pads)."""
     from saturn.codegen import cuda as cg
 
-    return [
-        g
-        for s in program.steps
-        if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce", "rows")
-        for g in cg.CudaKernel(s.kernel, (9, 0)).expected()
-    ]
+    out = []
+    for s in program.steps:
+        k = s.kernel
+        if s.kind != "kernel":
+            continue
+        if k.kind in ("loop", "reduce", "rows"):
+            out += cg.CudaKernel(k, (9, 0)).expected()
+        elif k.kind == "concat":
+            a = k.inputs[0]
+            width = cg.MEMORY_SIZE[a.dtype]
+            pieces = cg.concat_pieces(len(k.inputs))
+            out.append(cg.generate_concat(width, len(a.shape), k.attrs["dim"], pieces))
+        elif k.kind == "pad":
+            x = k.inputs[0]
+            out.append(cg.generate_pad(cg.MEMORY_SIZE[x.dtype], len(x.shape)))
+    return out
 
 
 def build_seconds(gens: list) -> float:

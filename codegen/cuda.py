@@ -1601,49 +1601,61 @@ def generate_scatter_add(dtype: str, index: str) -> Generated:
     return Generated(fn, src, params, [t, t, INDEX_TYPES[index], "int32"], "scatter")
 
 
-def concat_source(width: int, rank: int, dim: int, fn: str) -> tuple[str, Params]:
-    """``a`` and ``b`` (any strides) joined along ``dim`` into a packed output: each
-    element's coordinate along ``dim`` picks the source before it is read, so every read
-    lies inside ``a`` or ``b``. ``na``: a's length along ``dim``."""
+MAX_CONCAT = 32  # pieces one concatenation kernel copies (its parameters stay small)
+
+
+def concat_pieces(n: int) -> int:
+    """The kernel variant that copies ``n`` pieces: 2, 4, 8, 16 or 32 of them, the unused
+    ones first and empty (never chosen), so a model's many ``cat`` lengths build a few
+    kernels rather than one per length."""
+    if not 2 <= n <= MAX_CONCAT:
+        raise KernelError(f"a concatenation of {n} pieces (2 to {MAX_CONCAT})")
+    return 1 << (n - 1).bit_length()
+
+
+def concat_source(rank: int, dim: int, pieces: int, fn: str) -> tuple[str, Params]:
+    """``pieces`` operands (any strides) joined along ``dim`` into a packed output: each
+    element's coordinate along ``dim`` picks the piece before anything is read, so every
+    read lies inside one piece. ``o1``..: where each piece after the first starts along
+    ``dim``; ``t{j}_{d}``: piece j's strides."""
     sizes = [f"s{d}" for d in range(rank)]
-    sa = [f"sa{d}" for d in range(rank)]
-    sb = [f"sb{d}" for d in range(rank)]
+    starts = [f"o{j}" for j in range(1, pieces)]
+    strides = [f"t{j}_{d}" for j in range(pieces) for d in range(rank)]
+    srcs = [f"p{j}" for j in range(pieces)]
     lines = [
-        f"def {fn}(out, a, b, n, na, {', '.join(sizes + sa + sb)}):",
+        f"def {fn}(out, {', '.join(srcs)}, n, {', '.join(starts + sizes + strides)}):",
         "    i = cuda.grid(1)",
         "    step = cuda.gridsize(1)",
         "    while i < n:",
         "        rem = i",
-        "        oa = 0",
-        "        ob = 0",
     ]
     for d in reversed(range(rank)):
-        lines += [f"        c = rem % s{d}", f"        rem = rem // s{d}"]
-        if d == dim:
-            lines += ["        k = c", f"        oa += c * sa{d}"]
-            lines += [f"        ob += (c - na) * sb{d}"]
+        lines += [f"        c{d} = rem % s{d}", f"        rem = rem // s{d}"]
+    for j in range(pieces):
+        start = "0" if j == 0 else f"o{j}"
+        coords = [f"(c{d} - {start})" if d == dim and j else f"c{d}" for d in range(rank)]
+        offset = " + ".join(f"{c} * t{j}_{d}" for d, c in enumerate(coords))
+        if j == pieces - 1:
+            test = "        else:" if pieces > 1 else "        if True:"
         else:
-            lines += [f"        oa += c * sa{d}", f"        ob += c * sb{d}"]
-    lines += [
-        "        if k < na:",
-        "            out[i] = a[oa]",
-        "        else:",
-        "            out[i] = b[ob]",
-        "        i += step",
-    ]
-    return "\n".join(lines), Params(["out", "a", "b"], ["n", "na", *sizes, *sa, *sb])
+            test = f"        {'if' if j == 0 else 'elif'} c{dim} < o{j + 1}:"
+        lines += [test, f"            out[i] = p{j}[{offset}]"]
+    lines.append("        i += step")
+    return "\n".join(lines), Params(["out", *srcs], ["n", *starts, *sizes, *strides])
 
 
-def generate_concat(width: int, rank: int, dim: int) -> Generated:
+def generate_concat(width: int, rank: int, dim: int, pieces: int = 2) -> Generated:
     if width not in (1, 2, 4, 8):
         raise KernelError(f"no concatenation kernel for {width}-byte elements")
     if not 0 <= dim < rank:
         raise KernelError(f"a concatenation along dim {dim} of rank {rank}")
-    fn = f"concat_w{width}_r{rank}_d{dim}"
-    body, params = concat_source(width, rank, dim, fn)
+    if not 2 <= pieces <= MAX_CONCAT:
+        raise KernelError(f"a concatenation of {pieces} pieces (2 to {MAX_CONCAT})")
+    fn = f"concat_w{width}_r{rank}_d{dim}" + (f"_n{pieces}" if pieces > 2 else "")
+    body, params = concat_source(rank, dim, pieces, fn)
     src = _movement_module(body)
     t = COPY_TYPES[width]
-    return Generated(fn, src, params, [t, t, t], "copy")
+    return Generated(fn, src, params, [t] * (pieces + 1), "copy")
 
 
 def pad_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
@@ -2180,32 +2192,50 @@ class _FlatKernel:
 
 
 class ConcatKernel(_FlatKernel):
-    """Concatenations of two operands for one element width, rank and dim (see
-    ``concat_source``). The launcher checks the operands against the kernel."""
+    """Concatenations of ``pieces`` operands for one element width, rank and dim, by the
+    variant ``concat_pieces`` picks (see ``concat_source``). The launcher checks the
+    operands against the kernel."""
 
-    def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int]):
-        super().__init__(generate_concat(width, rank, dim), cc)
-        self.rank, self.dim = rank, dim
+    def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int], pieces: int = 2):
+        super().__init__(generate_concat(width, rank, dim, concat_pieces(pieces)), cc)
+        self.rank, self.dim, self.pieces = rank, dim, pieces
 
-    def launch(self, stream: int, ptrs: tuple[int, int, int], a: tuple, b: tuple) -> None:
-        """``ptrs``: out, a, b; ``a``, ``b``: (shape, strides) in elements."""
+    def launch(self, stream: int, ptrs: tuple[int, ...], *pieces: tuple) -> None:
+        """``ptrs``: out, then each piece's; ``pieces``: (shape, strides) in elements."""
+        if len(pieces) != self.pieces:
+            raise KernelError(f"concatenation kernel {self.g.name} got {len(pieces)} pieces")
+        empty = concat_pieces(self.pieces) - self.pieces
+        if empty:  # leading empty pieces, never read: any pointer will do
+            ptrs = (ptrs[0], *[ptrs[1]] * empty, *ptrs[1:])
 
         def ints_of():
-            (sa, ta), (sb, tb) = a, b
-            d = self.dim
-            if (
-                len(sa) != self.rank
-                or len(sb) != self.rank
-                or any(x != y for k, (x, y) in enumerate(zip(sa, sb, strict=True)) if k != d)
-            ):
-                raise KernelError(
-                    f"concatenation kernel {self.g.name} got {list(sa)} and {list(sb)}"
-                )
-            shape = tuple(sb[k] + x if k == d else x for k, x in enumerate(sa))
-            n = math.prod(shape)
-            return n, [n, sa[d], *shape, *ta, *tb]
+            try:
+                return concat_arguments(self.rank, self.dim, pieces)
+            except KernelError as e:
+                raise KernelError(f"concatenation kernel {self.g.name}: {e}") from None
 
-        self._launch(stream, ptrs, (a, b), ints_of)
+        self._launch(stream, ptrs, pieces, ints_of)
+
+
+def concat_arguments(rank: int, dim: int, pieces: tuple) -> tuple[int, list[int]]:
+    """(element count, integer arguments) of the ``concat_pieces`` variant joining
+    ``pieces`` ((shape, strides) in elements), its unused leading pieces empty."""
+    first = pieces[0][0]
+    if any(
+        len(sh) != rank
+        or any(x != y for k, (x, y) in enumerate(zip(sh, first, strict=True)) if k != dim)
+        for sh, _ in pieces
+    ):
+        raise KernelError(f"pieces {[list(sh) for sh, _ in pieces]} do not join along {dim}")
+    empty = concat_pieces(len(pieces)) - len(pieces)
+    starts, at = [0] * empty, 0
+    for sh, _ in pieces[:-1]:
+        at += sh[dim]
+        starts.append(at)
+    shape = tuple(at + pieces[-1][0][dim] if k == dim else x for k, x in enumerate(first))
+    n = math.prod(shape)
+    strides = [0] * (empty * rank) + [t for _, st in pieces for t in st]
+    return n, [n, *starts, *shape, *strides]
 
 
 class PadKernel(_FlatKernel):

@@ -123,7 +123,11 @@ class GpuRunner:
                 elif s.kind == "kernel" and s.kernel.kind == "concat":
                     a = s.kernel.inputs[0]
                     self.concats[s.output] = cg.ConcatKernel(
-                        cg.MEMORY_SIZE[a.dtype], len(a.shape), s.kernel.attrs["dim"], cc
+                        cg.MEMORY_SIZE[a.dtype],
+                        len(a.shape),
+                        s.kernel.attrs["dim"],
+                        cc,
+                        len(s.kernel.inputs),
                     )
                 elif s.kind == "kernel" and s.kernel.kind == "pad":
                     x = s.kernel.inputs[0]
@@ -135,7 +139,9 @@ class GpuRunner:
                     raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
             # every kernel the first call will launch, built in parallel now (or found on
             # disk) rather than one after another as the call reaches it
-            cg.precompile([g for k in self.kernels.values() for g in k.expected()], cc)
+            gens = [g for k in self.kernels.values() for g in k.expected()]
+            gens += [c.g for c in self.concats.values()] + [p.g for p, _ in self.pads.values()]
+            cg.precompile(gens, cc)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
         # storages every call rewrites (their StorageImpl address -> [start, end) address)
@@ -324,12 +330,10 @@ class GpuRunner:
             )
             return
         if k.kind == "concat":
-            a, b = ops
             self.concats[s.output].launch(
                 self.stream,
-                (out.data_ptr(), a.data_ptr(), b.data_ptr()),
-                (tuple(a.shape), tuple(a.stride())),
-                (tuple(b.shape), tuple(b.stride())),
+                (out.data_ptr(), *(p.data_ptr() for p in ops)),
+                *((tuple(p.shape), tuple(p.stride())) for p in ops),
             )
             return
         if k.kind == "pad":

@@ -364,8 +364,10 @@ class Recipe:
             r = run_host("Take", cpu_in, (), {})
         elif k.kind == "scatter":
             r = run_host("IndexAdd", cpu_in, (), {})
-        elif k.kind == "concat":
-            r = run_host("Cat", cpu_in, (k.attrs["dim"],), {})
+        elif k.kind == "concat":  # two or more pieces, joined two at a time
+            r = cpu_in[0]
+            for piece in cpu_in[1:]:
+                r = run_host("Cat", [r, piece], (k.attrs["dim"],), {})
         elif k.kind == "pad":
             r = run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
         elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":

@@ -228,8 +228,11 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
         return ot.op("Take").numpy(operands[0], operands[1])
     if k.kind == "scatter":
         return ot.op("IndexAdd").numpy(*operands)
-    if k.kind == "concat":
-        return ot.op("Cat").numpy(operands[0], operands[1], k.attrs["dim"])
+    if k.kind == "concat":  # two or more pieces, joined two at a time
+        r = operands[0]
+        for piece in operands[1:]:
+            r = ot.op("Cat").numpy(r, piece, k.attrs["dim"])
+        return r
     if k.kind == "pad":
         return ot.op("Pad").numpy(operands[0], k.attrs["pads"], k.attrs["value_bits"])
     if k.kind == "custom" and k.attrs["name"] == "rmsnorm":

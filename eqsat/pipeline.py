@@ -19,6 +19,7 @@ from .program import (
     fuse_rows,
     inline_row_producers,
     lower,
+    merge_concats,
     reuse_written,
 )
 from .schema import half_facts
@@ -60,6 +61,7 @@ def compile_graph(
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
+        program = merge_concats(program)
     # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)

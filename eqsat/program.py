@@ -935,6 +935,60 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
     return Program(steps, prog.outputs, prog.inputs)
 
 
+MAX_CONCAT = 32  # pieces one concatenation kernel copies (codegen/cuda.py: MAX_CONCAT)
+
+
+def merge_concats(prog: Program) -> Program:
+    """A concatenation kernel that reads another along the same axis copies that one's
+    pieces itself (up to MAX_CONCAT pieces), and one that nothing reads any more (nor is an
+    output) is dropped: the balanced tree of two-operand concatenations a many-piece
+    ``cat`` imports as (decision 0039) becomes one kernel that copies each element once,
+    where the tree copied it once per level (DenseNet's growing feature maps: four or five
+    times). A piece shared by several trees is read by each from its own pieces: the same
+    bytes as reading it. Exact: each output element is still a copy of the same input
+    element."""
+    by_output = {st.output: st for st in prog.steps}
+    merged = False
+    for st in prog.steps:  # producers first: a merged piece is already flat
+        k = st.kernel
+        if k is None or k.kind != "concat":
+            continue
+        pieces: list[Operand] = []
+        for i, o in enumerate(k.inputs):
+            src = by_output.get(o.value)
+            inner = src.kernel if src is not None else None
+            rest = len(k.inputs) - i - 1
+            if (
+                inner is not None
+                and inner.kind == "concat"
+                and inner.attrs["dim"] == k.attrs["dim"]
+                and o.indexing == "strided"
+                and tuple(o.shape) == tuple(inner.shape)
+                and len(pieces) + len(inner.inputs) + rest <= MAX_CONCAT
+            ):
+                pieces += [replace(p) for p in inner.inputs]  # inner may stay: copies
+                k.fused += [n for n in inner.covers + inner.fused if n not in k.fused]
+            else:
+                pieces.append(o)
+        if len(pieces) != len(k.inputs):
+            k.inputs = pieces
+            st.args = tuple(o.value for o in pieces)
+            merged = True
+    if not merged:
+        return prog
+    used = set(prog.outputs)
+    kept: list[Step] = []
+    for st in reversed(prog.steps):  # readers first: a dropped one frees its pieces
+        k = st.kernel
+        if k is not None and k.kind == "concat" and st.output not in used:
+            continue
+        used.update(st.args)
+        kept.append(st)
+    out = _renumber(Program(kept[::-1], prog.outputs, prog.inputs))
+    validate(out)
+    return out
+
+
 ROWS_MAX = 4096  # rows kernels re-read a row per stage from cache: rows no longer than this
 ROW_FLOATS = ("f32", "f64")  # the stages rows kernels take (softmax's, the norms')
 

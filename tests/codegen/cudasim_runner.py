@@ -828,6 +828,56 @@ def run_concats() -> int:
     return failures
 
 
+def run_many_piece_concats() -> int:
+    """Concatenations of 3 to 9 pieces of unequal lengths along each axis (one transposed,
+    one broadcast), as a merged tree of two-operand ones runs, against numpy: the
+    variant of each piece count exactly, and the launcher's (4, 8 or 16 pieces, the
+    unused ones empty and first)."""
+    rng = np.random.default_rng(5)
+    failures = 0
+    cases = [  # dtype, shape, dim, lengths along dim
+        (np.float32, (2, 3, 4), 1, (1, 3, 2)),
+        (np.uint16, (3, 5), 0, (2, 1, 4, 1, 3)),
+        (np.float64, (2, 2, 3), 2, (1, 1, 1, 2, 1, 1, 3, 1, 2)),
+    ]
+    for dtype, shape, dim, lengths in cases:
+        pieces = []
+        for j, n in enumerate(lengths):
+            sh = tuple(n if d == dim else x for d, x in enumerate(shape))
+            if j == 1:  # transposed
+                p = (rng.standard_normal(sh[::-1]) * 50).astype(dtype).T
+            elif j == 2:  # broadcast along its first non-joined axis
+                axis = 0 if dim != 0 else 1
+                one = tuple(1 if d == axis else x for d, x in enumerate(sh))
+                p = np.broadcast_to((rng.standard_normal(one) * 50).astype(dtype), sh)
+            else:
+                p = (rng.standard_normal(sh) * 50).astype(dtype)
+            pieces.append(p)
+        width = pieces[0].itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        want = np.concatenate(pieces, axis=dim)
+        out = np.zeros(want.size, dtype=word)
+        g = cg.generate_concat(width, len(shape), dim, len(pieces))
+        fn = cuda.jit(cg.python_function(g))
+        starts = list(np.cumsum(lengths)[:-1])
+        strides = [st // width for p in pieces for st in p.strides]
+        bases = [base_of(p).copy().view(word) for p in pieces]
+        fn[2, 32](out, *bases, want.size, *starts, *want.shape, *strides)
+        ok = np.array_equal(out.view(dtype).reshape(want.shape), want)
+        # the variant the launcher picks, with its arguments
+        variant = cg.concat_pieces(len(pieces))
+        fn = cuda.jit(cg.python_function(cg.generate_concat(width, len(shape), dim, variant)))
+        layouts = tuple((p.shape, tuple(st // width for st in p.strides)) for p in pieces)
+        n, ints = cg.concat_arguments(len(shape), dim, layouts)
+        out2 = np.zeros(want.size, dtype=word)
+        fn[2, 32](out2, *[bases[0]] * (variant - len(pieces)), *bases, *ints)
+        ok = ok and n == want.size and np.array_equal(out2.view(dtype).reshape(want.shape), want)
+        print(f"{'ok' if ok else 'FAIL'} concat of {len(pieces)} (variant {variant}) "
+              f"{np.dtype(dtype).name} dim={dim}")  # fmt: skip
+        failures += not ok
+    return failures
+
+
 def run_pads() -> int:
     """Constant pads: packed and transposed inputs of each element width, fills of each
     width (-inf, a negative integer, a half's bits, true), against numpy's pad."""
@@ -918,6 +968,7 @@ def run_movement() -> int:
     failures += run_takes()
     failures += run_fused_takes()
     failures += run_concats()
+    failures += run_many_piece_concats()
     failures += run_pads()
     failures += run_copies()
     return failures

@@ -166,3 +166,47 @@ def test_the_read_bound_cuts_a_chain_held_in_one_body():
     reads = [len(k.inputs) for k in c.program.kernels]
     assert max(reads) == MAX_FUSED_READS + 1 and len(reads) > 1, reads
     check_values(graph, c.program, scale=0.5)
+
+
+def _cat_tree(n: int, shared: bool = False) -> str:
+    """A balanced tree of two-operand concatenations of n pieces of unequal lengths (the
+    form a many-piece ``cat`` imports as), each piece an elementwise result; ``shared``:
+    the left half is also an output."""
+    lines = [f"(input x{i} f32 [2 {i + 1} 3])" for i in range(n)]
+    lines += [f"(let p{i} (Exp x{i}))" for i in range(n)]
+    level = [f"p{i}" for i in range(n)]
+    k = 0
+    while len(level) > 1:
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            lines.append(f"(let c{k} (Cat {level[j]} {level[j + 1]} 1))")
+            nxt.append(f"c{k}")
+            k += 1
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    lines.append(f"(output {level[0]})")
+    if shared:
+        lines.append("(output c0)")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_tree_of_concatenations_is_one_kernel():
+    """Five pieces in a tree of four two-operand concatenations: one kernel copying each
+    element once (merge_concats); the values are numpy's concatenation."""
+    graph = parse_graph(_cat_tree(5))
+    c = compile_graph(graph, machine="gpu", io_on_device=True)
+    cats = [k for k in c.program.kernels if k.kind == "concat"]
+    assert len(cats) == 1 and len(cats[0].inputs) == 5, c.program.to_text()
+    assert cats[0].shape == (2, 15, 3)
+    check_values(graph, c.program)
+
+
+def test_a_concatenation_read_elsewhere_is_still_written():
+    """c0 is an output: it is written, and the concatenation reading it copies its pieces
+    (the same bytes as reading it)."""
+    graph = parse_graph(_cat_tree(5, shared=True))
+    c = compile_graph(graph, machine="gpu", io_on_device=True)
+    cats = sorted(len(k.inputs) for k in c.program.kernels if k.kind == "concat")
+    assert cats == [2, 5], c.program.to_text()
+    check_values(graph, c.program)
