@@ -59,31 +59,50 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
     return True
 
 
-def _run(out: torch.Tensor, q, k, v, scale: float) -> None:
+def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
+    """The fused kernel into ``out`` (and the row statistics into ``stats``); False where
+    cuDNN refused this layout (logged once, remembered). Shared with ``device/sdpa.py``."""
     index = out.device.index
-    key = (index, *(_layout(t) for t in (q, k, v, out)), float(scale))
+    layouts = [_layout(t) for t in (q, k, v, out)]
+    key = (index, *layouts, _layout(bias) if bias is not None else None, scale, causal)
+    key += (stats is not None,)
     with _LOCK:
         have = _PLANS.get(key)
         if have is None:
             stream = torch.saturn.stream_handle(index)
             try:
                 with torch.saturn.device(index):
-                    plan = AttentionPlan(*key[1:5], float(scale), stream)
+                    plan = AttentionPlan(
+                        *layouts,
+                        scale,
+                        stream,
+                        bias=_layout(bias) if bias is not None else None,
+                        causal=causal,
+                        stats=stats is not None,
+                    )
                 ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=out.device)
                 have = (plan, ws)
             except AttentionError as e:
                 log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
                 have = str(e)
             _PLANS[key] = have
-    if isinstance(have, str):  # refused: the unfused product through saturn's eager ops
-        # (products through cuBLASLt; the softmax through the counted CPU fallback)
-        count_fallback(attention.name)
-        with torch.saturn.device(index):
-            out.copy_(unfused(q, k, v, scale))
-        return
+    if isinstance(have, str):
+        return False
     plan, ws = have
+    ptrs = [t.data_ptr() for t in (q, k, v, out)]
+    ptrs += [t.data_ptr() for t in (bias, stats) if t is not None]
     with torch.saturn.device(index):
-        plan.run((q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()), ws.data_ptr())
+        plan.run(tuple(ptrs), ws.data_ptr())
+    return True
+
+
+def _run(out: torch.Tensor, q, k, v, scale: float) -> None:
+    if not run_fused(out, q, k, v, None, float(scale), False):
+        # refused: the unfused product through saturn's eager ops (products through
+        # cuBLASLt; the softmax through the counted CPU fallback)
+        count_fallback(attention.name)
+        with torch.saturn.device(out.device.index):
+            out.copy_(unfused(q, k, v, scale))
 
 
 attention = custom_op(

@@ -22,29 +22,24 @@ and not defined by the fused kernel, as with PyTorch's fused CUDA kernels.
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
 
 import torch
 
-from saturn.codegen.attention import AttentionError, AttentionPlan, check_bias, check_operands
+from saturn.codegen.attention import AttentionError, check_bias, check_operands
 from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
 
 from .custom_ops import count_fallback, custom_op
+from .fused_attention import (
+    _PLANS,  # noqa: F401 (tests read _PLANS)
+    _layout,
+)
+from .fused_attention import run_fused as _run_fused
 from .importer import DTYPES
 
-log = logging.getLogger("saturn")
 aten = torch.ops.aten
-
-_PLANS: dict[tuple, tuple[AttentionPlan, torch.Tensor] | str] = {}
-_LOCK = threading.Lock()
-
-
-def _layout(t: torch.Tensor) -> Layout:
-    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
 
 def _scale(q: torch.Tensor, scale: float | None) -> float:
@@ -131,43 +126,6 @@ def fused_takes(q, k, v, bias=None) -> bool:
     return cudnn_unavailable() is None and layouts_take(q, k, v, bias)
 
 
-def _run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
-    """The fused kernel into ``out`` (and the row statistics into ``stats``); False where
-    cuDNN refused this layout (logged once, remembered)."""
-    index = out.device.index
-    layouts = [_layout(t) for t in (q, k, v, out)]
-    key = (index, *layouts, _layout(bias) if bias is not None else None, scale, causal)
-    key += (stats is not None,)
-    with _LOCK:
-        have = _PLANS.get(key)
-        if have is None:
-            stream = torch.saturn.stream_handle(index)
-            try:
-                with torch.saturn.device(index):
-                    plan = AttentionPlan(
-                        *layouts,
-                        scale,
-                        stream,
-                        bias=_layout(bias) if bias is not None else None,
-                        causal=causal,
-                        stats=stats is not None,
-                    )
-                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=out.device)
-                have = (plan, ws)
-            except AttentionError as e:
-                log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
-                have = str(e)
-            _PLANS[key] = have
-    if isinstance(have, str):
-        return False
-    plan, ws = have
-    ptrs = [t.data_ptr() for t in (q, k, v, out)]
-    ptrs += [t.data_ptr() for t in (bias, stats) if t is not None]
-    with torch.saturn.device(index):
-        plan.run(tuple(ptrs), ws.data_ptr())
-    return True
-
-
 def _split(rest: tuple) -> tuple:
     """(bias, scale, causal) from what follows q, k, v: ``saturn::sdpa`` passes
     (scale, causal), ``saturn::sdpa_bias`` (bias, scale)."""
@@ -232,6 +190,22 @@ def _operands(query, key, value, attn_bias):
     return q, k, v, bias
 
 
+def _math(query, key, value, attn_bias, dropout_p: float, is_causal: bool, scale):
+    """aten's math for the op's operands (grouped-query heads where they differ)."""
+    out, _ = aten._scaled_dot_product_attention_math(
+        query,
+        key,
+        value,
+        attn_bias,
+        dropout_p,
+        is_causal,
+        None,
+        scale=scale,
+        enable_gqa=query.shape[-3] != key.shape[-3],
+    )
+    return out
+
+
 def overrideable(
     query,
     key,
@@ -256,17 +230,7 @@ def overrideable(
                 out = out.squeeze(0)
             return _results(query, key, out, stats.view(b, h, sq))
         count_fallback("aten::_scaled_dot_product_fused_attention_overrideable")
-    out, _ = aten._scaled_dot_product_attention_math(
-        query,
-        key,
-        value,
-        attn_bias,
-        dropout_p,
-        is_causal,
-        None,
-        scale=scale,
-        enable_gqa=query.shape[-3] != key.shape[-3],
-    )
+    out = _math(query, key, value, attn_bias, dropout_p, is_causal, scale)
     lse = log_sum_exp(q, k, bias, s, is_causal)
     return _results(query, key, out, lse)
 
@@ -296,17 +260,7 @@ def decomposition(
         if query.dim() == 3:
             out = out.squeeze(0)
     else:
-        out, _ = aten._scaled_dot_product_attention_math(
-            query,
-            key,
-            value,
-            attn_bias,
-            dropout_p,
-            is_causal,
-            None,
-            scale=scale,
-            enable_gqa=query.shape[-3] != key.shape[-3],
-        )
+        out = _math(query, key, value, attn_bias, dropout_p, is_causal, scale)
     return _results(query, key, out, log_sum_exp(q, k, bias, s, is_causal))
 
 

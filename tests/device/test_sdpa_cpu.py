@@ -16,18 +16,12 @@ from saturn.codegen.attention import AttentionError, check_bias
 from saturn.codegen.gemm import Layout
 from saturn.custom_ops import fallback_counts
 
+from .test_fused_attention_cpu import packed
+
 REF = torch.device("saturn:0")
 FUSED = "aten._scaled_dot_product_fused_attention_overrideable.default"
 # bfloat16 results: the math rounds once (float32 inside); half an ulp of values up to 4
 TOL = {torch.bfloat16: (1.6e-2, 1.6e-2), torch.float16: (2e-3, 2e-3)}
-
-
-def packed(dtype: str, shape) -> Layout:
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return Layout(dtype, tuple(shape), tuple(reversed(st)))
 
 
 def operands(dtype=torch.bfloat16, b=2, h=4, hk=4, s=16, sk=16, d=16, seed=0):
