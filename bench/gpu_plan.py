@@ -116,14 +116,14 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
         return real_fx(gm, *a, **kw)
 
     # attention traced as for a GPU with cuDNN: the fused op wherever its layouts are taken
-    real_takes = sdpa.fused_takes
+    real_device = sdpa.on_fused_device
     backend.compile_graph, backend.compile_fx = also_for_gpu, capture
-    sdpa.fused_takes = sdpa.layouts_take
+    sdpa.on_fused_device = lambda *ts: True
     try:
         zoo.run_one(name, "saturn:0", dtype, size, repeats=1, baselines="none")
     finally:
         backend.compile_graph, backend.compile_fx = real, real_fx
-        sdpa.fused_takes = real_takes
+        sdpa.on_fused_device = real_device
     del compile_graph
     return planned
 

@@ -32,7 +32,7 @@ import numpy as np
 from numba import config
 
 from saturn.eqsat import optable as ot
-from saturn.eqsat.program import TAKE_TABLES, Kernel, leaves
+from saturn.eqsat.program import MAX_CONCAT, TAKE_TABLES, Kernel, leaves
 
 from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's interface)
     KernelError,
@@ -1601,9 +1601,6 @@ def generate_scatter_add(dtype: str, index: str) -> Generated:
     return Generated(fn, src, params, [t, t, INDEX_TYPES[index], "int32"], "scatter")
 
 
-MAX_CONCAT = 32  # pieces one concatenation kernel copies (its parameters stay small)
-
-
 def concat_pieces(n: int) -> int:
     """The kernel variant that copies ``n`` pieces: 2, 4, 8, 16 or 32 of them, the unused
     ones first and empty (never chosen), so a model's many ``cat`` lengths build a few
@@ -2199,14 +2196,14 @@ class ConcatKernel(_FlatKernel):
     def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int], pieces: int = 2):
         super().__init__(generate_concat(width, rank, dim, concat_pieces(pieces)), cc)
         self.rank, self.dim, self.pieces = rank, dim, pieces
+        self.empty = concat_pieces(pieces) - pieces  # leading empty pieces of the variant
 
     def launch(self, stream: int, ptrs: tuple[int, ...], *pieces: tuple) -> None:
         """``ptrs``: out, then each piece's; ``pieces``: (shape, strides) in elements."""
         if len(pieces) != self.pieces:
             raise KernelError(f"concatenation kernel {self.g.name} got {len(pieces)} pieces")
-        empty = concat_pieces(self.pieces) - self.pieces
-        if empty:  # leading empty pieces, never read: any pointer will do
-            ptrs = (ptrs[0], *[ptrs[1]] * empty, *ptrs[1:])
+        if self.empty:  # never read: any pointer will do
+            ptrs = (ptrs[0], *[ptrs[1]] * self.empty, *ptrs[1:])
 
         def ints_of():
             try:

@@ -73,22 +73,8 @@ def bias4(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return bias
 
 
-def reference(q, k, v, bias=None, scale: float = 1.0, causal: bool = False):
-    """Attention as aten's math computes it on a device: float32 throughout, the result
-    rounded once to the operands' type."""
-    k, v = expand_heads(q, k), expand_heads(q, v)
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale
-    if causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    if bias is not None:
-        s = s + bias.float()
-    p = aten._safe_softmax(s, -1)
-    return (p @ v.float()).to(q.dtype)
-
-
-def log_sum_exp(q, k, bias, scale: float, causal: bool) -> torch.Tensor:
-    """Each row's log-sum-exp of its scaled (masked) scores, float32 [B, H, Sq]."""
+def _scores(q, k, bias, scale: float, causal: bool) -> torch.Tensor:
+    """The scaled, masked scores in float32 (causal: nothing right of the diagonal)."""
     k = expand_heads(q, k)
     s = (q.float() @ k.float().transpose(-2, -1)) * scale
     if causal:
@@ -96,7 +82,19 @@ def log_sum_exp(q, k, bias, scale: float, causal: bool) -> torch.Tensor:
         s = s.masked_fill(~keep, float("-inf"))
     if bias is not None:
         s = s + bias.float()
-    return torch.logsumexp(s, -1)
+    return s
+
+
+def reference(q, k, v, bias=None, scale: float = 1.0, causal: bool = False):
+    """Attention as aten's math computes it on a device: float32 throughout, the result
+    rounded once to the operands' type."""
+    p = aten._safe_softmax(_scores(q, k, bias, scale, causal), -1)
+    return (p @ expand_heads(q, v).float()).to(q.dtype)
+
+
+def log_sum_exp(q, k, bias, scale: float, causal: bool) -> torch.Tensor:
+    """Each row's log-sum-exp of its scaled (masked) scores, float32 [B, H, Sq]."""
+    return torch.logsumexp(_scores(q, k, bias, scale, causal), -1)
 
 
 def layouts_take(q, k, v, bias=None) -> bool:
@@ -117,13 +115,16 @@ def layouts_take(q, k, v, bias=None) -> bool:
     return True
 
 
+def on_fused_device(*ts: torch.Tensor) -> bool:
+    """Where the fused kernel can run: saturn GPU tensors, cuDNN present."""
+    on_gpu = all(t.device.type == "saturn" and t.device.index >= 1 for t in ts)
+    return on_gpu and cudnn_unavailable() is None
+
+
 def fused_takes(q, k, v, bias=None) -> bool:
-    """Whether the fused kernel runs for these operands: saturn GPU tensors, cuDNN
-    present, layouts it takes."""
+    """Whether the fused kernel runs for these operands: on its device, layouts it takes."""
     ts = [q, k, v] + ([bias] if bias is not None else [])
-    if any(t.device.type != "saturn" or t.device.index < 1 for t in ts):
-        return False
-    return cudnn_unavailable() is None and layouts_take(q, k, v, bias)
+    return on_fused_device(*ts) and layouts_take(q, k, v, bias)
 
 
 def _split(rest: tuple) -> tuple:
@@ -182,12 +183,21 @@ def _results(q, k, out, lse):
     return (out, lse, None, None, q.shape[-2], k.shape[-2], zero, zero.clone(), None)
 
 
-def _operands(query, key, value, attn_bias):
-    """[B, H, S, D] operands (a 3-D call is one batch) and the mask broadcast for the
-    kernel, in the mask's own dtype (aten turned a boolean mask into 0 and -inf)."""
-    q, k, v = (t.unsqueeze(0) if t.dim() == 3 else t for t in (query, key, value))
+def _batched(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """[B, H, S, D] operands: a 3-D call is one batch."""
+    return [t.unsqueeze(0) if t.dim() == 3 else t for t in ts]
+
+
+def _fused_operands(query, key, value, attn_bias, dropout_p: float):
+    """(q, k, v, bias) as the fused kernel reads them (key and value heads expanded, the
+    mask broadcast and packed in its own dtype: aten turned a boolean one into 0 and
+    -inf), or None where it does not run. Nothing is copied where it cannot run."""
+    if dropout_p != 0.0 or not on_fused_device(query, key, value):
+        return None
+    q, k, v = _batched(query, key, value)
+    k, v = expand_heads(q, k), expand_heads(q, v)
     bias = bias4(q, k, attn_bias) if attn_bias is not None else None
-    return q, k, v, bias
+    return (q, k, v, bias) if fused_takes(q, k, v, bias) else None
 
 
 def _math(query, key, value, attn_bias, dropout_p: float, is_causal: bool, scale):
@@ -218,20 +228,20 @@ def overrideable(
     scale: float | None = None,
 ):
     """The eager kernel: fused on a GPU where it takes the call, the math otherwise."""
-    q, k, v, bias = _operands(query, key, value, attn_bias)
-    s = _scale(q, scale)
-    kk, vv = expand_heads(q, k), expand_heads(q, v)
-    if dropout_p == 0.0 and fused_takes(q, kk, vv, bias):
+    s = _scale(query, scale)
+    fused = _fused_operands(query, key, value, attn_bias, dropout_p)
+    if fused is not None:
+        q, k, v, bias = fused
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         b, h, sq, _ = q.shape
         stats = torch.empty((b, h, sq, 1), dtype=torch.float32, device=q.device)
-        if _run_fused(out, q, kk, vv, bias, s, is_causal, stats):
+        if _run_fused(out, q, k, v, bias, s, is_causal, stats):
             if query.dim() == 3:
                 out = out.squeeze(0)
             return _results(query, key, out, stats.view(b, h, sq))
         count_fallback("aten::_scaled_dot_product_fused_attention_overrideable")
     out = _math(query, key, value, attn_bias, dropout_p, is_causal, scale)
-    lse = log_sum_exp(q, k, bias, s, is_causal)
+    lse = log_sum_exp(*_batched(query, key), attn_bias, s, is_causal)
     return _results(query, key, out, lse)
 
 
@@ -249,19 +259,20 @@ def decomposition(
     """The op in a compiled graph: the fused custom op where it takes the operands, aten's
     math otherwise; the log-sum-exp written out beside it (unused in inference graphs,
     where it is dropped with the other unused results)."""
-    q, k, v, bias = _operands(query, key, value, attn_bias)
-    s = _scale(q, scale)
-    kk, vv = expand_heads(q, k), expand_heads(q, v)
-    if dropout_p == 0.0 and fused_takes(q, kk, vv, bias):
+    s = _scale(query, scale)
+    fused = _fused_operands(query, key, value, attn_bias, dropout_p)
+    if fused is not None:
+        q, k, v, bias = fused
         if bias is None:
-            out = torch.ops.saturn.sdpa(q, kk, vv, s, is_causal)
+            out = torch.ops.saturn.sdpa(q, k, v, s, is_causal)
         else:
-            out = torch.ops.saturn.sdpa_bias(q, kk, vv, bias, s)
+            out = torch.ops.saturn.sdpa_bias(q, k, v, bias, s)
         if query.dim() == 3:
             out = out.squeeze(0)
     else:
         out = _math(query, key, value, attn_bias, dropout_p, is_causal, scale)
-    return _results(query, key, out, log_sum_exp(q, k, bias, s, is_causal))
+    lse = log_sum_exp(*_batched(query, key), attn_bias, s, is_causal)
+    return _results(query, key, out, lse)
 
 
 _lib = torch.library.Library("aten", "IMPL")  # kept: a dropped Library unregisters

@@ -202,7 +202,7 @@ MAX_BODY_DEPTH = 128  # nested ops in one kernel body (see _Lowering._inline_cut
 # distinct tensors a kernel reads before it reads a fused producer that is in memory anyway
 # instead of recomputing it (see _Lowering._inline_cut)
 MAX_FUSED_READS = 16
-RECOMPUTE_WALK = 256  # body nodes _recompute_reads_more walks before answering yes
+RECOMPUTE_WALK = 256  # body nodes _leaves walks for _inline_cut before answering "more"
 
 
 class _Lowering:
@@ -664,8 +664,8 @@ class _Lowering:
         return None
 
     def _nbytes(self, cid: int) -> int:
-        dtype, shape = self.types.get(cid, ("f32", (1,)))
-        return math.prod(shape) * ot.ITEMSIZE.get(dtype, 4)
+        dtype, shape = self.types[cid]
+        return math.prod(shape) * ot.ITEMSIZE[dtype]
 
     def _loop_of(self, cid: int) -> int | None:
         """The loop whose output an ``Inline`` class holds (its ``Ld`` twin's loop)."""
@@ -935,7 +935,7 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
     return Program(steps, prog.outputs, prog.inputs)
 
 
-MAX_CONCAT = 32  # pieces one concatenation kernel copies (codegen/cuda.py: MAX_CONCAT)
+MAX_CONCAT = 32  # pieces one concatenation kernel copies (its parameters stay small)
 
 
 def merge_concats(prog: Program) -> Program:
@@ -948,7 +948,7 @@ def merge_concats(prog: Program) -> Program:
     bytes as reading it. Exact: each output element is still a copy of the same input
     element."""
     by_output = {st.output: st for st in prog.steps}
-    merged = False
+    merged: list[tuple[Kernel, Kernel]] = []  # (reader, the concatenation it copied from)
     for st in prog.steps:  # producers first: a merged piece is already flat
         k = st.kernel
         if k is None or k.kind != "concat":
@@ -967,13 +967,12 @@ def merge_concats(prog: Program) -> Program:
                 and len(pieces) + len(inner.inputs) + rest <= MAX_CONCAT
             ):
                 pieces += [replace(p) for p in inner.inputs]  # inner may stay: copies
-                k.fused += [n for n in inner.covers + inner.fused if n not in k.fused]
+                merged.append((k, inner))
             else:
                 pieces.append(o)
         if len(pieces) != len(k.inputs):
             k.inputs = pieces
             st.args = tuple(o.value for o in pieces)
-            merged = True
     if not merged:
         return prog
     used = set(prog.outputs)
@@ -984,6 +983,9 @@ def merge_concats(prog: Program) -> Program:
             continue
         used.update(st.args)
         kept.append(st)
+    for k, inner in merged:  # what a dropped one wrote is now computed inside its reader
+        if inner.output not in used:
+            k.fused += [n for n in inner.covers + inner.fused if n not in k.fused]
     out = _renumber(Program(kept[::-1], prog.outputs, prog.inputs))
     validate(out)
     return out

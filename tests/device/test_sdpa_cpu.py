@@ -186,11 +186,11 @@ def test_compiled_attention_on_saturn0_is_the_math_it_was(name):
 
 @pytest.mark.parametrize("name", ["plain", "causal", "float-mask", "bool-mask", "gqa-causal"])
 def test_the_fused_branch_writes_the_custom_op_and_computes_the_math(name, monkeypatch):
-    """Where the fused kernel takes the operands (a GPU; here the check is made to say yes),
-    the compiled graph calls ``saturn::sdpa`` or ``saturn::sdpa_bias`` with key and value
-    heads expanded and the mask broadcast to what the kernel reads; on saturn:0 their
-    reference runs (counted) and equals eager CPU."""
-    monkeypatch.setattr(sdpa, "fused_takes", lambda q, k, v, bias=None: True)
+    """Where the fused kernel takes the operands (a GPU with cuDNN; here saturn:0 is made to
+    count as one, the layout checks are real), the compiled graph calls ``saturn::sdpa`` or
+    ``saturn::sdpa_bias`` with key and value heads expanded and the mask broadcast to what
+    the kernel reads; on saturn:0 their reference runs (counted) and equals eager CPU."""
+    monkeypatch.setattr(sdpa, "on_fused_device", lambda *ts: True)
     args, kwargs = case_args(name)
     op = "saturn::sdpa_bias" if len(args) > 3 else "saturn::sdpa"
     before = fallback_counts().get(op, 0)

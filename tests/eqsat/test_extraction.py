@@ -210,3 +210,17 @@ def test_a_concatenation_read_elsewhere_is_still_written():
     cats = sorted(len(k.inputs) for k in c.program.kernels if k.kind == "concat")
     assert cats == [2, 5], c.program.to_text()
     check_values(graph, c.program)
+
+
+def test_concatenations_along_different_axes_stay_apart():
+    """A concatenation along dim 1 of one along dim 2: not one copy of pieces (their
+    coordinates pick pieces along different axes), two kernels."""
+    text = (
+        "(input a f32 [2 3 4])\n(input b f32 [2 3 5])\n(input c f32 [2 2 9])\n"
+        "(let ab (Cat (Exp a) (Exp b) 2))\n(let r (Cat ab (Exp c) 1))\n(output r)\n"
+    )
+    graph = parse_graph(text)
+    c = compile_graph(graph, machine="gpu", io_on_device=True)
+    cats = sorted(len(k.inputs) for k in c.program.kernels if k.kind == "concat")
+    assert cats == [2, 2], c.program.to_text()
+    check_values(graph, c.program)
