@@ -77,6 +77,7 @@ class CustomOp:
     pattern_ruleset: str | None = None
     replaces: str | None = None  # the ATen op (aten.x.overload) this op stands in for
     when: Callable | None = None  # whether the kernel takes a call's non-tensor arguments
+    packed: tuple[str, ...] = ()  # tensor arguments a host function reads packed
     _eager: dict = field(default_factory=dict, repr=False)  # expression recipes by types
 
     @property
@@ -92,6 +93,18 @@ class CustomOp:
     @property
     def tensor_args(self) -> list[str]:
         return [a.name for a in self.schema.arguments if _is_tensor(a)]
+
+    @property
+    def packed_positions(self) -> tuple[int, ...]:
+        """Positions among the tensor arguments that a compiled graph hands over packed
+        (copied into a buffer of the step's own where the operand is a strided view):
+        every argument of a kernel (it reads them flattened) but those it writes (copied
+        back after the kernel), the declared ones of a host function."""
+        written = {a.name for a in self.schema.arguments if a.alias_info and a.alias_info.is_write}
+        names = self.tensor_args
+        if self.kind == "kernel":
+            return tuple(i for i, n in enumerate(names) if n not in written)
+        return tuple(i for i, n in enumerate(names) if n in self.packed)
 
     def __call__(self, *args, **kwargs):
         ns, op = self.name.split("::")
@@ -254,6 +267,7 @@ def custom_op(
     pattern: str | Path | None = None,
     replaces: str | None = None,
     when: Callable | None = None,
+    packed: tuple[str, ...] = (),
 ) -> CustomOp:
     """Define ``name`` ("namespace::op") with ``schema`` ("(Tensor x, float eps) -> Tensor").
 
@@ -293,6 +307,14 @@ def custom_op(
         fail(f"dtypes {bad} are not saturn dtypes")
     op = CustomOp(name, parsed, reference, tuple(dtypes), expression, kernel, launch, host)
     op.when = when
+    tensor_names = {a.name for a in parsed.arguments if _is_tensor(a)}
+    if set(packed) - tensor_names:
+        fail(f"packed names {sorted(set(packed) - tensor_names)}, not tensor arguments")
+    if packed and host is None:
+        fail("packed is for host functions (a kernel reads every argument packed)")
+    if set(packed) & set(mutates_args):
+        fail("an argument the op writes cannot be handed over as a packed copy")
+    op.packed = tuple(packed)
     if replaces is not None:
         op.replaces = _check_replacement(replaces, parsed, fail)
     if expression is not None:

@@ -154,6 +154,8 @@ class GpuRunner:
         self._conv_ws: torch.Tensor | None = None  # the largest of them (the shared one)
         # step -> {operand index: packed copy} for library plans made on packed operands
         self.packs: dict[str, dict[int, torch.Tensor]] = {}
+        # custom step -> {operand index: packed copy} (CustomOp.packed_positions)
+        self.custom_packs: dict[str, dict[int, torch.Tensor]] = {}
         # reshapes that copy -> (their buffer, the source's axis order it was copied in)
         self.view_copies: dict[str, tuple[torch.Tensor, tuple[int, ...] | None]] = {}
         self.gemm_read = _read_only_by_gemms(prog)
@@ -346,7 +348,7 @@ class GpuRunner:
             return
         if k.kind == "custom":
             op, build = self.custom[s.output]
-            op.run_into(out, build(ops, k.attrs["eps_bits"]))
+            op.run_into(out, build(self._packed(s.output, op, ops), k.attrs["eps_bits"]))
             return
         key = tuple(layout(t) for t in ops)
         have = self.plans.get(s.output)
@@ -362,6 +364,26 @@ class GpuRunner:
             have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
         else:
             have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+
+    def _packed(self, step: str, op, ops: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A custom step's operands with those the op reads packed copied, where they are
+        strided views, into buffers of the step's own: made at the first call (never
+        captured), so a captured call copies without allocating."""
+        want = op.packed_positions
+        if not want:
+            return ops
+        bufs = self.custom_packs.setdefault(step, {})
+        ops = list(ops)
+        for i in want:
+            t = ops[i]
+            if t.is_contiguous():
+                continue
+            buf = bufs.get(i)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = bufs[i] = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            strided_copy(t, buf)
+            ops[i] = buf
+        return ops
 
     def _library_plan(self, k, key: tuple, out: torch.Tensor, ops: list[torch.Tensor]):
         """The product's or convolution's plan for the operands' layouts; where the library
@@ -795,8 +817,15 @@ class GpuRunner:
         self._check(drv.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
         try:
             env = self._steps(prepared, stats)
-        finally:
+        except Exception as e:
+            # a step that waits for the device while capturing (a host function's fallback
+            # reading a value back) invalidates the capture; the call runs step by step
             err, graph = drv.cuStreamEndCapture(self.stream)
+            if graph is not None and err == self._ok:
+                drv.cuGraphDestroy(graph)
+            log.warning("saturn: CUDA-graph replay off for this graph: a step waits: %s", e)
+            return False
+        err, graph = drv.cuStreamEndCapture(self.stream)
         self._check((err,), "cuStreamEndCapture")
         after = torch.saturn.memory_stats(self.device)
         allocated = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])

@@ -173,6 +173,7 @@ sdpa_bias = custom_op(
     dtypes=(torch.float16, torch.bfloat16),
     host=_host("saturn::sdpa_bias"),
     when=_takes,
+    packed=("bias",),  # a mask broadcast by a zero stride, which the kernel does not read
 )
 
 

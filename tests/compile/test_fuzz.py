@@ -14,6 +14,8 @@ from . import fuzz
 CI_SEEDS = range(160)
 # a longer run: SATURN_GPU_SEEDS=2000 python -m pytest -m gpu tests/compile/test_fuzz.py
 GPU_SEEDS = range(int(os.environ.get("SATURN_GPU_SEEDS", 150)))
+# in chunks, which pytest-xdist spreads over its workers
+GPU_CHUNKS = [GPU_SEEDS[i : i + 50] for i in range(0, len(GPU_SEEDS), 50)]
 
 
 pytestmark = pytest.mark.usefixtures("quiet_saturn")
@@ -27,7 +29,8 @@ def test_random_program_on_saturn0(seed):
 
 
 @pytest.mark.gpu
-def test_random_programs_on_the_gpu():
+@pytest.mark.parametrize("seeds", GPU_CHUNKS, ids=lambda r: f"{r.start}-{r.stop}")
+def test_random_programs_on_the_gpu(seeds):
     import torch
 
     import saturn  # noqa: F401
@@ -35,9 +38,9 @@ def test_random_programs_on_the_gpu():
     if torch.saturn.gpu_count() == 0:
         pytest.skip("no GPU")
     failed = []
-    for seed in GPU_SEEDS:
+    for seed in seeds:
         program = fuzz.generate(seed)
         problems = fuzz.check(program, "saturn:1", seed, io="device" if seed % 3 else "cpu")
         if problems:
             failed.append(program.source + "\n".join(problems))
-    assert not failed, f"{len(failed)} of {len(GPU_SEEDS)} programs:\n" + "\n\n".join(failed[:5])
+    assert not failed, f"{len(failed)} of {len(seeds)} programs:\n" + "\n\n".join(failed[:5])

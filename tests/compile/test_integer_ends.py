@@ -15,6 +15,8 @@ from .helpers import last_compiled
 CI_SEEDS = range(100)
 # a longer run: SATURN_GPU_SEEDS=2000 python -m pytest -m gpu tests/compile/test_integer_ends.py
 GPU_SEEDS = range(int(os.environ.get("SATURN_GPU_SEEDS", 300)))
+# in chunks, which pytest-xdist spreads over its workers
+GPU_CHUNKS = [GPU_SEEDS[i : i + 50] for i in range(0, len(GPU_SEEDS), 50)]
 
 
 pytestmark = pytest.mark.usefixtures("quiet_saturn")
@@ -38,7 +40,8 @@ def test_int32_and_int64_programs_run_fused_kernels():
 
 
 @pytest.mark.gpu
-def test_integer_programs_on_the_gpu():
+@pytest.mark.parametrize("seeds", GPU_CHUNKS, ids=lambda r: f"{r.start}-{r.stop}")
+def test_integer_programs_on_the_gpu(seeds):
     import torch
 
     import saturn  # noqa: F401
@@ -46,7 +49,7 @@ def test_integer_programs_on_the_gpu():
     if torch.saturn.gpu_count() == 0:
         pytest.skip("no GPU")
     failed = []
-    for seed in GPU_SEEDS:
+    for seed in seeds:
         program = int_fuzz.generate(seed)
         try:
             problems = int_fuzz.check(program, "saturn:1")
@@ -54,4 +57,4 @@ def test_integer_programs_on_the_gpu():
             problems = [f"raised {type(e).__name__}: {e}"]
         if problems:
             failed.append(program.source + "\n".join(problems))
-    assert not failed, f"{len(failed)} of {len(GPU_SEEDS)} programs:\n" + "\n\n".join(failed[:5])
+    assert not failed, f"{len(failed)} of {len(seeds)} programs:\n" + "\n\n".join(failed[:5])

@@ -57,6 +57,40 @@ def test_bad_definitions_raise_naming_the_op(kwargs, message):
             raise
 
 
+def _host_copy(out, x, y):
+    out.copy_(x + y)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"host": _host_copy, "packed": ("z",)}, "not tensor arguments"),
+        ({"host": _host_copy, "packed": ("alpha",)}, "not tensor arguments"),
+        ({"expression": "(Add x y)", "packed": ("x",)}, "packed is for host functions"),
+    ],
+)
+def test_packed_names_tensor_arguments_of_a_host_function(kwargs, message):
+    with pytest.raises(CustomOpError, match=message):
+        custom_op(
+            "saturn_test::badpack",
+            "(Tensor x, Tensor y, float alpha) -> Tensor",
+            reference=lambda x, y, alpha: x + y,
+            **kwargs,
+        )
+
+
+def test_a_written_argument_is_not_handed_over_packed():
+    with pytest.raises(CustomOpError, match="cannot be handed over as a packed copy"):
+        custom_op(
+            "saturn_test::badpackw",
+            "(Tensor(a!) x, Tensor y) -> Tensor",
+            reference=lambda x, y: x + y,
+            host=_host_copy,
+            mutates_args=("x",),
+            packed=("x",),
+        )
+
+
 def test_kernel_needs_a_launch_function():
     with pytest.raises(CustomOpError, match="launch function"):
         custom_op("saturn_test::nolaunch", "(Tensor x) -> Tensor", reference=_ref, kernel=object())
@@ -410,3 +444,73 @@ def test_mutation_in_a_compiled_graph_updates_the_input(dev):
     assert host == ["higher_order.auto_functionalized_v2.__call__"]
     assert [k.kind for k in prog.kernels] == ["reduce", "loop"]
     assert counts_delta(before) == {"saturn_test::scale_add": 1}
+
+
+# --- host functions in replayed graphs (gpu) ------------------------------------------
+
+_SEEN: list[tuple[bool, bool]] = []  # (x packed, y packed) per call of the host function
+
+
+def _host_sees(out, x, y):
+    _SEEN.append((x.is_contiguous(), y.is_contiguous()))
+    out.copy_(x * 2 + y)
+
+
+packed_host = custom_op(
+    "saturn_test::packed_host",
+    "(Tensor x, Tensor y) -> Tensor",
+    reference=lambda x, y: x * 2 + y,
+    host=_host_sees,
+    packed=("y",),
+)
+
+
+def _host_waits(out, x):
+    out.copy_(x * float(x.abs().amax().item()))  # reads a value back: waits for the device
+
+
+waiting_host = custom_op(
+    "saturn_test::waiting_host",
+    "(Tensor x) -> Tensor",
+    reference=lambda x: x * x.abs().amax(),
+    host=_host_waits,
+)
+
+
+@pytest.mark.gpu
+def test_a_host_function_gets_the_operands_it_names_packed_and_replays():
+    gpu = torch.device("saturn:1")
+    x, y = torch.randn(8, 16), torch.randn(16)
+
+    def f(x, y):
+        return packed_host(x.t(), y.expand(16, 8)) + 1
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=False)
+    _SEEN.clear()
+    for _ in range(4):
+        got = fn(x.to(gpu), y.to(gpu))
+    torch.testing.assert_close(got.cpu(), f(x, y), rtol=1e-5, atol=1e-5)
+    runner = next(reversed(backend.CACHE.items.values())).recipe.runner
+    assert runner.replays >= 2  # captured with the packed copy's buffer made before
+    # the call with x strided as the program has it, y as a packed copy (not its expand)
+    assert _SEEN and set(_SEEN) == {(False, True)}, _SEEN
+
+
+@pytest.mark.gpu
+def test_a_host_function_that_waits_turns_replay_off_and_stays_compiled():
+    gpu = torch.device("saturn:1")
+    x = torch.randn(6, 10)
+
+    def f(x):
+        return waiting_host(x + 1) - 1
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=False)
+    fallbacks = len(backend.CACHE.fallbacks)
+    for _ in range(3):
+        got = fn(x.to(gpu))
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1e-5, atol=1e-5)
+    assert backend.CACHE.fallbacks[fallbacks:] == []  # never ran uncompiled
+    runner = next(reversed(backend.CACHE.items.values())).recipe.runner
+    assert not runner.replay and runner.replays == 0
