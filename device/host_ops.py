@@ -88,8 +88,10 @@ ADAPTERS = {
     "View": lambda x, shape: x.reshape(shape),
     "Pow": lambda x, e: torch.pow(x, e),
     # the importer's clamp halves (no ATen spelling of their own): torch.clamp's semantics
-    "ClampMin": lambda x, lo: torch.clamp_min(x, lo),
-    "ClampMax": lambda x, hi: torch.clamp_max(x, hi),
+    # torch.clamp's bound as a value (x kept on a tie: -0.0 against 0.0 stays -0.0, a NaN
+    # bound gives NaN); clamp_min's Tensor overload resolves zero ties by vector width
+    "ClampMin": lambda x, lo: torch.where((x < lo) | (lo != lo), lo.to(x.dtype), x),
+    "ClampMax": lambda x, hi: torch.where((x > hi) | (hi != hi), hi.to(x.dtype), x),
     "Conv2d": lambda x, w, b, st, pa, di, g: torch.ops.aten.convolution.default(
         x, w, b, list(st), list(pa), list(di), False, [0, 0], g
     ),

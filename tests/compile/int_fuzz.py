@@ -86,9 +86,15 @@ class _Builder(fuzz._Builder):
         w = self.partner(v)
         if w is None:
             return False
-        safe = self.add(f"torch.where(({w.name} == 0) | ({w.name} == -1), 3, {w.name})", *_of(w))
+        # the divisor is guarded in the dtype the division computes in (a 0-dim one takes
+        # the other operand's: int64 -2**32 is an int32 zero)
+        dtype = torch.result_type(
+            torch.empty(v.shape, dtype=v.dtype), torch.empty(w.shape, dtype=w.dtype)
+        )
+        d = f"{w.name}.to({dtype})"
+        safe = self.add(f"torch.where(({d} == 0) | ({d} == -1), 3, {d})", dtype, w.shape)
         shape = tuple(torch.broadcast_shapes(v.shape, w.shape))
-        self.add(op.format(v.name, safe.name), torch.promote_types(v.dtype, w.dtype), shape)
+        self.add(op.format(v.name, safe.name), dtype, shape)
         return True
 
     def compare_where(self) -> bool:
@@ -137,7 +143,7 @@ class _Builder(fuzz._Builder):
         if r < 0.4:
             self.add(f"{v.name}[{index}]", v.dtype, (len(ids), *v.shape[1:]))
         elif r < 0.7 and v.dtype in (torch.int32, torch.int64):  # sums wrap in the dtype
-            w = self.pick(lambda w: w.dtype == v.dtype and w.shape[1:] == v.shape[1:])
+            w = self.pick(lambda w: w.dtype == v.dtype and _rows_like(w, v))
             if w is None or w.shape[0] < len(ids):
                 return False
             pos = [i % n for i in ids]
@@ -148,7 +154,7 @@ class _Builder(fuzz._Builder):
                 v.shape,
             )
         elif r < 0.85:
-            w = self.pick(lambda w: w.dtype == v.dtype and w.shape[1:] == v.shape[1:])
+            w = self.pick(lambda w: w.dtype == v.dtype and _rows_like(w, v))
             if w is None:
                 return False
             self.add(f"torch.cat([{v.name}, {w.name}])", v.dtype, (n + w.shape[0], *v.shape[1:]))
@@ -233,3 +239,8 @@ def check(program: Program, device: str) -> list[str]:
             bad = (g != w).nonzero()[:4].tolist()
             problems.append(f"output {k}: at {bad}\n  got  {g}\n  want {w}")
     return problems
+
+
+def _rows_like(w, v) -> bool:
+    """Whether ``w`` has rows shaped as ``v``'s (both at least 1-D)."""
+    return len(w.shape) >= 1 and w.shape[1:] == v.shape[1:]

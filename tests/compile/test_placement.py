@@ -91,3 +91,31 @@ def test_half_clamps_run_on_the_reference_host(dtype):
     x[0, :3] = torch.tensor([-0.0, float("nan"), 6.0])
     # compile_and_compare fails on a call that reran uncompiled
     compile_and_compare(lambda x: torch.nn.functional.relu6(x) + x.clamp(min=-1), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", ["ClampMin", "ClampMax"])
+def test_host_clamps_keep_x_on_a_tie_at_every_width(op, dtype):
+    """A clamp kept on the host (a GPU program with CPU inputs) is torch.clamp with a
+    number bound: -0.0 against a 0.0 bound stays -0.0 and a NaN x stays NaN, on the
+    vector path too (clamp_min's Tensor overload gave +0.0 from 8 elements on). It also
+    declines to touch values inside the bound."""
+    from saturn.host_ops import run_host
+
+    n = 37  # vector body and scalar tail
+    if dtype.is_floating_point:
+        x = torch.tensor([-0.0, 0.0, float("nan"), -3.0, 3.0] * 8)[:n].to(dtype)
+    else:
+        x = torch.tensor([0, -3, 3, 2**31 - 1, -(2**31)] * 8, dtype=torch.int64)[:n].to(dtype)
+    bound = torch.zeros((), dtype=dtype)
+    got = run_host(op, [x, bound], (), {})
+    kw = {"min": 0} if op == "ClampMin" else {"max": 0}
+    want = torch.clamp(x, **kw)
+    assert torch.equal(got.isnan(), want.isnan())
+    same = ~want.isnan()
+    assert torch.equal(got[same], want[same])
+    if dtype.is_floating_point:  # the signs of the zeros
+        assert torch.equal(torch.signbit(got[same]), torch.signbit(want[same]))
+    if dtype.is_floating_point:  # a NaN bound gives NaN everywhere, as torch.clamp's
+        nan = run_host(op, [x, torch.tensor(float("nan"), dtype=dtype)], (), {})
+        assert bool(nan.isnan().all())

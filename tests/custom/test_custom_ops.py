@@ -483,7 +483,7 @@ def test_a_host_function_gets_the_operands_it_names_packed_and_replays():
     x, y = torch.randn(8, 16), torch.randn(16)
 
     def f(x, y):
-        return packed_host(x.t(), y.expand(16, 8)) + 1
+        return packed_host(x.t(), y[:, None].expand(16, 8)) + 1
 
     torch._dynamo.reset()
     fn = torch.compile(f, backend="saturn", dynamic=False)
