@@ -348,7 +348,7 @@ class GpuRunner:
             return
         if k.kind == "custom":
             op, build = self.custom[s.output]
-            op.run_into(out, build(self._packed(s.output, op, ops), k.attrs["eps_bits"]))
+            op.run_into(out, build(self._custom_operands(s.output, op, ops), k.attrs["eps_bits"]))
             return
         key = tuple(layout(t) for t in ops)
         have = self.plans.get(s.output)
@@ -365,7 +365,7 @@ class GpuRunner:
         else:
             have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
 
-    def _packed(self, step: str, op, ops: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _custom_operands(self, step: str, op, ops: list[torch.Tensor]) -> list[torch.Tensor]:
         """A custom step's operands with those the op reads packed copied, where they are
         strided views, into buffers of the step's own: made at the first call (never
         captured), so a captured call copies without allocating."""
