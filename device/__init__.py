@@ -33,6 +33,7 @@ from . import (  # noqa: E402, F401
     fused_attention,
     sdpa,
 )
+from .backend import NotCompiledError, stats  # noqa: E402
 from .custom_ops import custom_op  # noqa: E402
 from .explain import explain  # noqa: E402
 
@@ -41,10 +42,12 @@ fallback_counts = device_module.fallback_counts
 memory_stats = device_module.memory_stats
 
 __all__ = [
+    "NotCompiledError",
     "custom_op",
     "device_count",
     "device_module",
     "explain",
     "fallback_counts",
     "memory_stats",
+    "stats",
 ]

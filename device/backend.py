@@ -24,7 +24,7 @@ from saturn.eqsat.pipeline import Compiled, compile_graph
 from . import decompositions
 from .constants import lift_constants
 from .importer import Imported, UnsupportedError, import_graph
-from .options import Options, parse
+from .options import Options, options_for_mode, parse
 from .recipe import CompiledCallError, InputSpec, Recipe
 
 log = logging.getLogger("saturn")
@@ -39,9 +39,15 @@ class CompiledGraph:
     recipe: Recipe
 
 
+class NotCompiledError(RuntimeError):
+    """A graph saturn could not compile, raised where the ``strict`` option asks for it
+    instead of running the graph uncompiled; the message says why."""
+
+
 class _Cache:
     """Compiled recipes by a key computed from the FX graph and the options (bounded LRU,
-    thread-safe). ``torch._dynamo.reset()`` does not clear it."""
+    thread-safe), and the counters ``saturn.stats()`` reports. ``torch.compiler.reset()``
+    clears the recipes (``saturn_backend.reset``); the counters run for the process."""
 
     def __init__(self, size: int = 64):
         self.size = size
@@ -50,6 +56,8 @@ class _Cache:
         self.compiles = 0  # graphs compiled (cache misses)
         self.fallbacks: list[str] = []  # reasons graphs ran uncompiled
         self.failed_calls: list[str] = []  # compiled calls that failed where eager did not
+        self.host_ops = 0  # host steps in the graphs compiled
+        self.crossings = 0  # host-device crossings in the graphs compiled
 
     def get(self, key):
         with self.lock:
@@ -248,12 +256,19 @@ def _compiler(opts: Options, forward: bool):
                 raise
             except Exception as e:  # never fail the user's compile: run uncompiled, say why
                 reason = f"{type(e).__name__}: {e}"
+                if opts.strict:
+                    raise NotCompiledError(
+                        f"saturn (strict): a graph did not compile: {reason}"
+                    ) from e
                 if not isinstance(e, UnsupportedError | EqsatError | NotImplementedError):
                     log.exception("saturn: internal error while compiling a graph")
                 CACHE.fallbacks.append(reason)
                 log.warning("saturn: graph runs uncompiled: %s", reason)
                 return make_boxed_func(original.forward)
             CACHE.compiles += 1
+            prog = hit.compiled.program
+            CACHE.host_ops += prog.count("host")
+            CACHE.crossings += prog.count("crossing")
             CACHE.put(key, hit)
         captured = getattr(_capture, "graphs", None)
         if captured is not None:
@@ -269,13 +284,21 @@ def _compiler(opts: Options, forward: bool):
     return fw
 
 
-def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+def saturn_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs,
+    options: dict | None = None,
+    mode: str | None = None,
+    **kwargs,
+):
     """The ``torch_dynamo_backends`` entry point ``saturn``."""
     if kwargs:
         raise ValueError(
             f"saturn: unexpected arguments {sorted(kwargs)}; pass "
-            "torch.compile(..., options={...})"
+            "torch.compile(..., mode=...) or torch.compile(..., options={...})"
         )
+    if mode is not None:  # torch.compile passes a mode only where no options are given
+        options = {**options_for_mode(mode), **(options or {})}
     opts = parse(options)
     compiled = aot_autograd(
         fw_compiler=_compiler(opts, forward=True),
@@ -283,6 +306,35 @@ def saturn_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         decompositions=decompositions.table(),
     )(gm, example_inputs)
     return _rerun_on_failure(compiled, gm)
+
+
+def _reset() -> None:
+    """``torch.compiler.reset()`` (and ``torch._dynamo.reset()``) call this through the
+    backend: the compiled recipes go with dynamo's compiled frames."""
+    CACHE.clear()
+
+
+saturn_backend.reset = _reset
+
+
+def stats() -> dict:
+    """What saturn did in this process: graphs compiled (cache misses), graphs run
+    uncompiled and why, compiled calls that failed and ran uncompiled (eager did not fail),
+    host steps and crossings in the graphs compiled, and eager ops that ran through the
+    CPU fallback (by ATen op)."""
+    from ._runtime import fallback_counts
+    from .custom_ops import fallback_counts as custom_fallbacks
+
+    return {
+        "graphs_compiled": CACHE.compiles,
+        "graphs_uncompiled": len(CACHE.fallbacks),
+        "uncompiled_reasons": list(CACHE.fallbacks),
+        "failed_calls": list(CACHE.failed_calls),
+        "host_ops": CACHE.host_ops,
+        "crossings": CACHE.crossings,
+        "eager_fallbacks": fallback_counts(),
+        "custom_op_fallbacks": custom_fallbacks(),
+    }
 
 
 def _rerun_on_failure(compiled, gm: torch.fx.GraphModule):

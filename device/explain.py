@@ -1,13 +1,18 @@
 """``saturn.explain(model_or_fn, *inputs)``: where every operation went.
 
-For each graph saturn compiled: the imported graph, what each ruleset changed, the kernels,
+A summary first (per graph: ops, kernels by kind, launches, crossings and host ops per
+call, why saturation stopped; the graphs that ran uncompiled and why), then for each graph
+saturn compiled: the imported graph, what each ruleset changed, the kernels,
 and a schedule giving each op's fate (the kernel that computes it, fused or materialised;
 a view on the device; a host op and whether its inputs crossed; or folded away by a
-rewrite), with the number of crossings and kernel launches per call.
+rewrite), with the number of crossings and kernel launches per call. The caller's own
+compiled functions are left as they were: explain compiles through a backend object of its
+own, which dynamo keeps apart from every other.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +35,16 @@ class GraphReport:
     host_ops: int
     program_text: str
     copied_outputs: tuple[str, ...] = ()  # outputs given memory of their own at every call
+    kernel_kinds: tuple[str, ...] = ()  # each kernel's kind (loop, gemm, ...)
+
+    def summary(self) -> str:
+        by_kind = Counter(self.kernel_kinds)
+        kernels = ", ".join(f"{n} {k}" for k, n in sorted(by_kind.items())) or "none"
+        return (
+            f"{len(self.fates)} ops; kernels: {kernels}; per call {self.launches} launches, "
+            f"{self.crossings} crossings, {self.host_ops} host ops; saturation: "
+            f"{self.stop_reason}"
+        )
 
     def __str__(self) -> str:
         lines = ["imported graph:", *("  " + ln for ln in self.graph_text.splitlines())]
@@ -57,13 +72,21 @@ class Explanation:
     graphs: list[GraphReport] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
 
+    def summary(self) -> str:
+        """Per-graph totals and the graphs that ran uncompiled, one line each."""
+        n, m = len(self.graphs), len(self.fallbacks)
+        lines = [f"saturn compiled {n} graph(s), {m} ran uncompiled"]
+        lines += [f"  graph {i}: {g.summary()}" for i, g in enumerate(self.graphs)]
+        lines += [f"  uncompiled: {r}" for r in self.fallbacks]
+        return "\n".join(lines)
+
     def __str__(self) -> str:
-        parts = []
+        parts = [self.summary()]
         for i, g in enumerate(self.graphs):
             parts.append(f"=== graph {i} ===\n{g}")
         for r in self.fallbacks:
             parts.append(f"=== graph ran uncompiled: {r}")
-        return "\n\n".join(parts) if parts else "saturn compiled no graph"
+        return "\n\n".join(parts)
 
 
 def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphReport:
@@ -110,17 +133,30 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
         host_ops=prog.count("host"),
         program_text=prog.to_text(),
         copied_outputs=cg.compiled.ownership.why,
+        kernel_kinds=tuple(k.kind for k in prog.kernels),
     )
+
+
+class _Explaining:
+    """saturn's backend under an object of explain's own: dynamo compiles the function
+    again for it (its cache entries carry their backend) and leaves the caller's compiled
+    frames alone; the recipes come from saturn's cache where it has them."""
+
+    def __init__(self, options: dict | None):
+        self.options = options
+
+    def __call__(self, gm, example_inputs):
+        return backend.saturn_backend(gm, example_inputs, options=self.options)
 
 
 def explain(model_or_fn, *inputs, options: dict | None = None) -> Explanation:
     """Compile ``model_or_fn`` with saturn, run it once on ``inputs``, and say where every
-    operation of every compiled graph went."""
-    torch._dynamo.reset()  # make dynamo hand the graphs to the backend again (cached there)
+    operation of every compiled graph went. Compiled functions of the caller stay
+    compiled."""
     backend._capture.graphs = []
     fallbacks_before = len(backend.CACHE.fallbacks)
     try:
-        fn = torch.compile(model_or_fn, backend="saturn", options=options or {}, dynamic=False)
+        fn = torch.compile(model_or_fn, backend=_Explaining(options), dynamic=False)
         fn(*inputs)
         captured = list(backend._capture.graphs)
     finally:

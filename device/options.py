@@ -26,6 +26,7 @@ class Options:
     replay: bool = True  # CUDA-graph replay of static graphs on a GPU
     tf32: bool = False  # float32 GEMMs and convolutions may round inputs to TF32
     tf32x3: bool = False  # float32 GEMMs and convolutions as three TF32 ones of split operands
+    strict: bool = False  # a graph saturn cannot compile raises instead of running uncompiled
 
     @property
     def precision(self) -> str:
@@ -50,7 +51,7 @@ class Options:
             self.replay,
             self.tf32,
             self.tf32x3,
-        )
+        )  # strict changes what a failed compile does, not what a compile makes
 
 
 VALID = tuple(f.name for f in fields(Options) if f.name not in ("extra", "device_given"))
@@ -60,8 +61,29 @@ def default_device() -> str:
     return "saturn:1" if torch.saturn.gpu_count() > 0 else "saturn:0"
 
 
+# torch.compile's modes (``mode=`` reaches a backend only where no options are given):
+# saturn's default already replays static graphs as CUDA graphs and times the libraries'
+# candidate plans on the first call, which is what "reduce-overhead" and "max-autotune" ask
+# of Inductor; "max-autotune-no-cudagraphs" turns replay off
+MODES: dict[str, dict] = {
+    "default": {},
+    "reduce-overhead": {"replay": True},
+    "max-autotune": {"replay": True},
+    "max-autotune-no-cudagraphs": {"replay": False},
+}
+
+
+def options_for_mode(mode: str) -> dict:
+    """The options ``torch.compile(..., mode=mode)`` stands for."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"saturn: unknown mode {mode!r}; torch.compile modes: {list(MODES)}")
+    return dict(MODES[mode])
+
+
 def parse(options: dict | None) -> Options:
     """Validate user options; unknown names raise with the list of valid ones."""
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"saturn: options must be a dict, got {type(options).__name__}")
     options = dict(options or {})
     unknown = sorted(set(options) - set(VALID))
     if unknown:
@@ -98,6 +120,7 @@ def parse(options: dict | None) -> Options:
         replay=_flag(options, "replay", True),
         tf32=_flag(options, "tf32", False),
         tf32x3=_flag(options, "tf32x3", False),
+        strict=_flag(options, "strict", False),
     )
 
 

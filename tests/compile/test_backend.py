@@ -112,7 +112,7 @@ def test_a_saturn0_graph_compiles_for_saturn0_on_a_gpu_machine():
     assert g.recipe.device == torch.device(DEV)
 
 
-def test_same_graph_from_two_call_sites_compiles_once_and_survives_reset():
+def test_same_graph_from_two_call_sites_compiles_once_until_a_reset():
     torch._dynamo.reset()
     backend.CACHE.clear()
     x = torch.randn(3, 5).to(DEV)
@@ -128,10 +128,12 @@ def test_same_graph_from_two_call_sites_compiles_once_and_survives_reset():
         a = torch.compile(site_a, backend="saturn", dynamic=False)(x)
         b = torch.compile(site_b, backend="saturn", dynamic=False)(x)
     assert backend.CACHE.compiles == before + 1
-    torch._dynamo.reset()
+    assert len(backend.CACHE.items) == 1
+    torch.compiler.reset()  # drops dynamo's compiled frames and saturn's recipes
+    assert len(backend.CACHE.items) == 0
     with torch.no_grad():
         c = torch.compile(site_a, backend="saturn", dynamic=False)(x)
-    assert backend.CACHE.compiles == before + 1, "dynamo's reset does not drop saturn's cache"
+    assert backend.CACHE.compiles == before + 2
     assert torch.equal(a.cpu(), b.cpu()) and torch.equal(a.cpu(), c.cpu())
 
 
@@ -155,3 +157,91 @@ def test_recipe_checks_its_inputs():
     with pytest.raises(RuntimeError, match=r"compiled for torch.float32\[3\]"):
         recipe([torch.ones(4).to(DEV)])
     assert saturn is not None
+
+
+@pytest.mark.parametrize(
+    "mode,replay",
+    [
+        ("default", True),
+        ("reduce-overhead", True),
+        ("max-autotune", True),
+        ("max-autotune-no-cudagraphs", False),
+    ],
+)
+def test_torch_compile_modes_map_to_options(mode, replay):
+    torch._dynamo.reset()
+    x = torch.randn(3, 4).to(DEV)
+    fn = torch.compile(lambda x: torch.cos(x) + 1, backend="saturn", mode=mode, dynamic=False)
+    with torch.no_grad():
+        got = fn(x)
+    torch.testing.assert_close(got.cpu(), torch.cos(x.cpu()) + 1, rtol=1e-5, atol=1e-5)
+    assert next(reversed(backend.CACHE.items.values())).recipe.replay == replay
+
+
+def test_an_unknown_mode_names_the_modes():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 1, backend="saturn", mode="fastest")
+    with pytest.raises(Exception, match=r"unknown mode 'fastest'.*reduce-overhead"):
+        fn(torch.ones(2).to(DEV))
+
+
+def test_strict_raises_with_the_reason_instead_of_running_uncompiled():
+    torch._dynamo.reset()
+    x = torch.randn(4, dtype=torch.complex64).to(DEV)
+    fn = torch.compile(
+        lambda x: (x * 2).sum(), backend="saturn", options={"strict": True}, dynamic=False
+    )
+    before = len(backend.CACHE.fallbacks)
+    with pytest.raises(Exception, match=r"saturn \(strict\).*complex64") as e, torch.no_grad():
+        fn(x)
+    # dynamo wraps what a backend raises; the inner exception is saturn's
+    assert isinstance(getattr(e.value, "inner_exception", e.value), saturn.NotCompiledError)
+    assert backend.CACHE.fallbacks[before:] == []  # nothing ran uncompiled
+    # not strict (the default): the same graph runs uncompiled, counted with its reason
+    torch._dynamo.reset()
+    stats = saturn.stats()
+    with torch.no_grad():
+        torch.compile(lambda x: (x * 2).sum(), backend="saturn", dynamic=False)(x)
+    after = saturn.stats()
+    assert after["graphs_uncompiled"] == stats["graphs_uncompiled"] + 1
+    assert "complex64" in after["uncompiled_reasons"][-1]
+
+
+def test_stats_count_graphs_host_ops_and_crossings():
+    torch._dynamo.reset()
+    before = saturn.stats()
+    x = torch.randn(5, 3)  # CPU inputs compiled for saturn:0: they cross to the device
+    fn = torch.compile(
+        lambda x: torch.sin(x) * 2, backend="saturn", options={"device": DEV}, dynamic=False
+    )
+    with torch.no_grad():
+        fn(x)
+    after = saturn.stats()
+    prog = next(reversed(backend.CACHE.items.values())).compiled.program
+    assert after["graphs_compiled"] == before["graphs_compiled"] + 1
+    assert after["crossings"] - before["crossings"] == prog.count("crossing")
+    assert after["host_ops"] - before["host_ops"] == prog.count("host")
+    assert set(after) >= {"failed_calls", "eager_fallbacks", "custom_op_fallbacks"}
+
+
+def test_explain_leaves_the_callers_compiled_functions_compiled():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 4).to(DEV)
+
+    def f(x):
+        return torch.sin(x) * 2 + x.sum()
+
+    g = torch.compile(f, backend="saturn", dynamic=False)
+    with torch.no_grad():
+        g(x)
+        ex = saturn.explain(f, x)
+        graphs = counters["stats"]["unique_graphs"]
+        got = g(x)  # still compiled: dynamo traces nothing again
+    assert counters["stats"]["unique_graphs"] == graphs
+    torch.testing.assert_close(got.cpu(), f(x.cpu()), rtol=1e-5, atol=1e-5)
+    # the summary comes first: one line per graph with its totals
+    first = str(ex).splitlines()
+    assert first[0] == "saturn compiled 1 graph(s), 0 ran uncompiled"
+    assert first[1].startswith("  graph 0: 4 ops; kernels: ") and "launches" in first[1]
