@@ -426,11 +426,54 @@ def replacement_for(target: str) -> CustomOp | None:
 
 
 def by_target(target: str) -> CustomOp | None:
-    """The custom op an FX node calls (``ns.op.default``), if it is one."""
+    """The custom op an FX node calls (``ns.op.default``), if it is one: a saturn custom op,
+    or a ``torch.library`` op adopted by ``library_op``."""
     for op in REGISTRY.values():
         if op.target == target:
             return op
-    return None
+    return _ADOPTED.get(target)
+
+
+_ADOPTED: dict[str, CustomOp] = {}  # "ns.op.overload" -> the torch.library op's stand-in
+# namespaces whose ops saturn compiles itself (or must not call as a black box)
+_OWN_NAMESPACES = {"aten", "prims", "saturn", "higher_order", "_c10d_functional", "profiler"}
+
+
+def library_op(target) -> CustomOp | None:
+    """A ``torch.library`` op (``torch.library.custom_op``, ``Library.define``) with a
+    kernel registered for saturn (PrivateUse1), one tensor result and no argument written,
+    seen as a saturn custom op whose host function calls it: compiled graphs place it on
+    the device as one ``Custom`` step, calling the user's saturn kernel on the device's
+    tensors (saturn:0 calls the op on host copies, as with any custom op). None for
+    anything else (it stays an opaque host call)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    key = str(target)
+    if key in _ADOPTED:
+        return _ADOPTED[key]
+    schema = target._schema
+    if target.namespace in _OWN_NAMESPACES:
+        return None
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(schema.name, "PrivateUse1"):
+        return None
+    if len(schema.returns) != 1 or not isinstance(schema.returns[0].type, torch._C.TensorType):
+        return None
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return None
+    if not any(_is_tensor(a) for a in schema.arguments):
+        return None
+
+    def host(out: torch.Tensor, *args) -> None:
+        out.copy_(target(*args))
+
+    def on_saturn0(*args):  # run_reference's host copies, on saturn:0 (host memory) again
+        moved = [a.to("saturn:0") if isinstance(a, torch.Tensor) else a for a in args]
+        return target(*moved).cpu()
+
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    op = CustomOp(schema.name, schema, on_saturn0, floats, host=host)
+    _ADOPTED[key] = op
+    return op
 
 
 def pattern_files(rewrites: list[str]) -> list[Path]:

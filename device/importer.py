@@ -298,9 +298,9 @@ class _Importer:
             raise UnsupportedError(f"{node.name} calls {target}, not an ATen op")
         handler = _HANDLERS.get(str(target))
         name = None
-        from .custom_ops import by_target, replacement_for
+        from .custom_ops import by_target, library_op, replacement_for
 
-        custom = by_target(str(target))
+        custom = by_target(str(target)) or library_op(target)
         if custom is not None:
             self.env[node.name] = self.custom(node, custom)
             return

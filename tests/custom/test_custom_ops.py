@@ -514,3 +514,69 @@ def test_a_host_function_that_waits_turns_replay_off_and_stays_compiled():
     assert backend.CACHE.fallbacks[fallbacks:] == []  # never ran uncompiled
     runner = next(reversed(backend.CACHE.items.values())).recipe.runner
     assert not runner.replay and runner.replays == 0
+
+
+# --- torch.library ops with a saturn kernel --------------------------------------------
+
+_LIB_CALLS: list[str] = []
+
+
+@torch.library.custom_op("saturn_test::lib_scaled_add", mutates_args=())
+def lib_scaled_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + 2 * y
+
+
+@lib_scaled_add.register_kernel("saturn")
+def _lib_scaled_add_saturn(x, y):
+    _LIB_CALLS.append(str(x.device))
+    return x + 2 * y
+
+
+@lib_scaled_add.register_fake
+def _lib_scaled_add_fake(x, y):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("saturn_test::lib_cpu_only", mutates_args=(), device_types="cpu")
+def lib_cpu_only(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@lib_cpu_only.register_fake
+def _lib_cpu_only_fake(x):
+    return torch.empty_like(x)
+
+
+def test_a_torch_library_op_with_a_saturn_kernel_is_a_device_step(dev):
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+
+    def f(x, y):
+        return torch.tanh(lib_scaled_add(x * 2, y)) + 1
+
+    torch._dynamo.reset()
+    fn = torch.compile(f, backend="saturn", dynamic=False)
+    _LIB_CALLS.clear()
+    fallbacks = len(backend.CACHE.fallbacks)
+    with torch.no_grad():
+        got = fn(x.to(dev), y.to(dev))
+    torch.testing.assert_close(got.cpu(), f(x, y), rtol=1e-5, atol=1e-5)
+    assert backend.CACHE.fallbacks[fallbacks:] == []
+    prog = last_program()
+    assert "custom" in [k.kind for k in prog.kernels], prog.to_text()
+    assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
+    assert _LIB_CALLS == [dev]  # the user's saturn kernel ran, on the graph's device
+
+
+def test_a_torch_library_op_without_a_saturn_kernel_stays_a_host_step():
+    torch._dynamo.reset()
+    x = torch.randn(5)
+
+    def f(x):
+        return lib_cpu_only(x + 1) - 1
+
+    with torch.no_grad():
+        got = torch.compile(f, backend="saturn", dynamic=False)(x.to("saturn:0"))
+    torch.testing.assert_close(got.cpu(), f(x), rtol=1e-5, atol=1e-5)
+    prog = last_program()
+    assert "custom" not in [k.kind for k in prog.kernels]
+    assert prog.count("host") == 1
