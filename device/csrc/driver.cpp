@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 
@@ -218,8 +219,14 @@ void mem_free(c10::DeviceIndex index, CUdeviceptr ptr) {
 }
 
 void* host_alloc_pinned(size_t bytes) {
-  TORCH_CHECK(gpu_count() > 0, "saturn: pinned host memory needs a GPU (",
-              registry().reason, ")");
+  if (gpu_count() == 0) {
+    // Only saturn:0 (host memory) exists: there is nothing to pin for, and a DataLoader with
+    // pin_memory=True must work as without saturn. Plain aligned host memory stands in.
+    void* ptr = nullptr;
+    TORCH_CHECK(posix_memalign(&ptr, 64, bytes > 0 ? bytes : 1) == 0,
+                "saturn: out of host memory allocating ", bytes, " bytes");
+    return ptr;
+  }
   make_current(1);
   void* ptr = nullptr;
   // CU_MEMHOSTALLOC_PORTABLE: pinned for every context, not only saturn:1's.
@@ -228,6 +235,10 @@ void* host_alloc_pinned(size_t bytes) {
 }
 
 void host_free_pinned(void* ptr) {
+  if (gpu_count() == 0) {  // host_alloc_pinned's stand-in
+    std::free(ptr);
+    return;
+  }
   make_current(1);
   SATURN_CU(cuMemFreeHost(ptr));
 }
