@@ -53,6 +53,7 @@ from .eager_kernels import byte_span, strided_copy
 from .eager_kernels import cuda_driver as _driver
 from .host_ops import run_host
 from .importer import DTYPES, TORCH_DTYPES
+from .profiling import recording, step_range
 from .recipe import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
@@ -234,10 +235,12 @@ class GpuRunner:
                 env[s.output] = self._view(s, env[s.args[0]])
             elif s.kind == "kernel":
                 stats.launches += 1
-                self._kernel(s, env)
+                with step_range(s, self.r._labels):
+                    self._kernel(s, env)
                 env[s.output] = self.buffers[s.output]
             else:  # crossings and host steps (never captured: see _not_capturable)
-                env[s.output] = self.r._step(s, env, stats)
+                with step_range(s, self.r._labels):
+                    env[s.output] = self.r._step(s, env, stats)
         return env
 
     def _view(self, s: Step, src: torch.Tensor) -> torch.Tensor:
@@ -563,7 +566,13 @@ class GpuRunner:
                 ):
                     return None
             self.calls += 1
-            err = _graph_launch()(self._exec_handle, self.stream)
+            if recording():
+                with torch.profiler.record_function(
+                    f"saturn replay of {len(self.r.program.kernels)} kernels"
+                ):
+                    err = _graph_launch()(self._exec_handle, self.stream)
+            else:
+                err = _graph_launch()(self._exec_handle, self.stream)
             if err != 0:
                 self._check((err,), "cuGraphLaunch")
             self.replays += 1
@@ -779,7 +788,13 @@ class GpuRunner:
                 return [env[v] for v in self.r.program.outputs], env
             self.captured_ptrs = ptrs
             self._fast = self._fast_check(ptrs)
-        (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
+        if recording():
+            with torch.profiler.record_function(
+                f"saturn replay of {len(self.r.program.kernels)} kernels"
+            ):
+                (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
+        else:
+            (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
         if err != self._ok:
             self._check((err,), "cuGraphLaunch")
         self.replays += 1

@@ -28,6 +28,7 @@ from saturn.eqsat.program import Program, Step
 from .eager_kernels import byte_span
 from .host_ops import run_host
 from .importer import DTYPES, TORCH_DTYPES, HostCall
+from .profiling import step_range
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
@@ -144,6 +145,7 @@ class Recipe:
             s.output: order[by_value[s.output]] for s in self.program.steps if s.kind == "input"
         }
         self._consts = {}  # made at the first call: compilation runs under fake tensors
+        self._labels: dict[str, str] = {}  # profiler range names by step (profiling.py)
         at = {k: pos for pos, k in enumerate(self.output_spec) if isinstance(k, int)}
         own = self.ownership
         # a GPU runner hands constants out as copies already; the host executor lends them
@@ -203,7 +205,8 @@ class Recipe:
                     c = self._consts[s.output] = c.to(self.device) if s.place == "device" else c
                 env[s.output] = c
             else:
-                env[s.output] = self._step(s, env, stats)
+                with step_range(s, self._labels):
+                    env[s.output] = self._step(s, env, stats)
         outs = [env[v] for v in self.program.outputs]
         return self._finish(outs, args, prepared, stats)
 

@@ -245,3 +245,31 @@ def test_explain_leaves_the_callers_compiled_functions_compiled():
     first = str(ex).splitlines()
     assert first[0] == "saturn compiled 1 graph(s), 0 ran uncompiled"
     assert first[1].startswith("  graph 0: 4 ops; kernels: ") and "launches" in first[1]
+
+
+def test_a_profiler_trace_names_saturns_steps_by_the_ops_they_compute(tmp_path):
+    torch._dynamo.reset()
+    x = torch.randn(8, 8).to(DEV)
+
+    def f(x):
+        return torch.relu(torch.sin(x) * 2 + 1).sum(0)
+
+    g = torch.compile(f, backend="saturn", dynamic=False)
+    with torch.no_grad():
+        g(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            g(x)
+    names = [e.name for e in p.events() if e.name.startswith("saturn ")]
+    prog = next(reversed(backend.CACHE.items.values())).compiled.program
+    assert len(names) == len(prog.kernels), names
+    fused = names[0]  # one kernel computing the whole graph: every op named in its range
+    assert all(op in fused for op in ("sin", "mul", "add", "relu", "sum")), fused
+    trace = tmp_path / "trace.json"
+    p.export_chrome_trace(str(trace))
+    assert fused in trace.read_text()
+    # no profiler, no ranges: the labels are made only while one records
+    recipe = next(reversed(backend.CACHE.items.values())).recipe
+    recipe._labels.clear()
+    with torch.no_grad():
+        g(x)
+    assert recipe._labels == {}
