@@ -6,7 +6,9 @@ are the GPUs in driver order.
 
 from __future__ import annotations
 
+import os
 import random as _random
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -108,6 +110,56 @@ def get_device_capability(device: DeviceLike = None) -> tuple[int, int]:
     return cc // 10, cc % 10
 
 
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What ``get_device_properties`` reports (the fields ``torch.cuda``'s has in common)."""
+
+    name: str
+    major: int  # compute capability (0.0 for saturn:0)
+    minor: int
+    total_memory: int  # bytes
+    is_gpu: bool
+
+
+def get_device_properties(device: DeviceLike = None) -> DeviceProperties:
+    index = _index(device)
+    if is_gpu(index):
+        (major, minor), total = get_device_capability(index), mem_get_info(index)[1]
+    else:  # host memory: the machine's
+        major, minor = 0, 0
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceProperties(get_device_name(index), major, minor, total, is_gpu(index))
+
+
+# --- streams and events: one stream per device orders all of saturn's work on it; events
+# are CUDA events on a GPU and host clock readings on saturn:0 (csrc/guard.cpp)
+
+Stream = torch.Stream
+
+
+def current_stream(device: DeviceLike = None) -> torch.Stream:
+    """The device's one stream (what ``torch.Event.record()`` records on)."""
+    return torch.accelerator.current_stream(torch.device("saturn", _index(device)))
+
+
+default_stream = current_stream
+
+
+def Event(  # noqa: N802 - torch.cuda.Event's spelling
+    enable_timing: bool = False,
+    blocking: bool = False,
+    interprocess: bool = False,
+    device: DeviceLike = None,
+) -> torch.Event:
+    """A ``torch.Event`` of a saturn device (the current one by default)."""
+    return torch.Event(
+        torch.device("saturn", _index(device)),
+        enable_timing=enable_timing,
+        blocking=blocking,
+        interprocess=interprocess,
+    )
+
+
 # --- random numbers: seeding sets saturn's generators directly, never torch.manual_seed,
 # which calls back into manual_seed_all here.
 
@@ -194,6 +246,18 @@ def empty_cache(device: DeviceLike = None) -> int:
 def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
     free, total = _rt().mem_get_info(_index(device))
     return free, total
+
+
+def memory_summary(device: DeviceLike = None) -> str:
+    """The allocator's counters of one device as a table, in MiB where they are bytes."""
+    index = _index(device)
+    stats = memory_stats(index)
+    lines = [f"saturn:{index} ({get_device_name(index)}) memory"]
+    for key, value in stats.items():
+        in_bytes = "allocated" in key or "reserved" in key
+        shown = f"{value / 2**20:12.2f} MiB" if in_bytes else f"{value:12d}"
+        lines.append(f"  {key:24s} {shown}")
+    return "\n".join(lines)
 
 
 def size_class(nbytes: int) -> int:

@@ -40,6 +40,15 @@ struct Driver {
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuMemcpyPeer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
   CUresult (*cuMemGetInfo)(size_t*, size_t*);
+  // events: optional (see event_create)
+  CUresult (*cuEventCreate)(void**, unsigned) = nullptr;
+  CUresult (*cuEventRecord)(void*, CUstream) = nullptr;
+  CUresult (*cuEventQuery)(void*) = nullptr;
+  CUresult (*cuEventSynchronize)(void*) = nullptr;
+  CUresult (*cuEventElapsedTime)(float*, void*, void*) = nullptr;
+  CUresult (*cuEventDestroy)(void*) = nullptr;
+  CUresult (*cuStreamWaitEvent)(CUstream, void*, unsigned) = nullptr;
+  CUresult (*cuStreamQuery)(CUstream) = nullptr;
 };
 
 struct Gpu {
@@ -96,6 +105,14 @@ Registry* discover() {
     r->reason = "the CUDA driver lacks an entry point saturn needs (driver too old)";
     return r;
   }
+  resolve(lib, "cuEventCreate", &d.cuEventCreate);
+  resolve(lib, "cuEventRecord", &d.cuEventRecord);
+  resolve(lib, "cuEventQuery", &d.cuEventQuery);
+  resolve(lib, "cuEventSynchronize", &d.cuEventSynchronize);
+  resolve(lib, "cuEventElapsedTime", &d.cuEventElapsedTime);
+  resolve(lib, "cuEventDestroy_v2", &d.cuEventDestroy);
+  resolve(lib, "cuStreamWaitEvent", &d.cuStreamWaitEvent);
+  resolve(lib, "cuStreamQuery", &d.cuStreamQuery);
   int version = 0;
   if (d.cuDriverGetVersion(&version) != CUDA_SUCCESS || version < kMinDriverVersion) {
     r->reason = "the CUDA driver is version " + std::to_string(version) +
@@ -296,6 +313,77 @@ int compute_capability(c10::DeviceIndex index) {
   SATURN_CU(cuDeviceGetAttribute(&major, kAttrComputeMajor, g.device));
   SATURN_CU(cuDeviceGetAttribute(&minor, kAttrComputeMinor, g.device));
   return major * 10 + minor;
+}
+
+namespace {
+constexpr CUresult kNotReady = 600;  // CUDA_ERROR_NOT_READY
+constexpr unsigned kEventDisableTiming = 2;
+
+void need_events() {
+  const Driver& d = registry().api;
+  TORCH_CHECK(d.cuEventCreate && d.cuEventRecord && d.cuEventQuery && d.cuEventSynchronize &&
+                  d.cuEventElapsedTime && d.cuEventDestroy && d.cuStreamWaitEvent &&
+                  d.cuStreamQuery,
+              "saturn: the CUDA driver lacks the event entry points");
+}
+}  // namespace
+
+void* event_create(c10::DeviceIndex index, bool timing) {
+  need_events();
+  make_current(index);
+  void* ev = nullptr;
+  SATURN_CU(cuEventCreate(&ev, timing ? 0u : kEventDisableTiming));
+  return ev;
+}
+
+void event_record(c10::DeviceIndex index, void* event) {
+  CUstream s = stream(index);
+  make_current(index);
+  SATURN_CU(cuEventRecord(event, s));
+}
+
+void event_destroy(c10::DeviceIndex index, void* event) noexcept {
+  try {
+    make_current(index);
+    registry().api.cuEventDestroy(event);
+  } catch (...) {  // destroying at interpreter exit: the context may be gone
+  }
+}
+
+bool event_query(c10::DeviceIndex index, void* event) {
+  make_current(index);
+  CUresult rc = registry().api.cuEventQuery(event);
+  if (rc == kNotReady) return false;
+  if (rc != CUDA_SUCCESS) fail(rc, "cuEventQuery");
+  return true;
+}
+
+void event_synchronize(c10::DeviceIndex index, void* event) {
+  make_current(index);
+  SATURN_CU(cuEventSynchronize(event));
+}
+
+void stream_wait_event(c10::DeviceIndex index, void* event) {
+  CUstream s = stream(index);
+  make_current(index);
+  SATURN_CU(cuStreamWaitEvent(s, event, 0));
+}
+
+bool stream_query(c10::DeviceIndex index) {
+  need_events();
+  CUstream s = stream(index);
+  make_current(index);
+  CUresult rc = registry().api.cuStreamQuery(s);
+  if (rc == kNotReady) return false;
+  if (rc != CUDA_SUCCESS) fail(rc, "cuStreamQuery");
+  return true;
+}
+
+float event_elapsed_ms(c10::DeviceIndex index, void* start, void* end) {
+  make_current(index);
+  float ms = 0;
+  SATURN_CU(cuEventElapsedTime(&ms, start, end));
+  return ms;
 }
 
 }  // namespace saturn

@@ -50,6 +50,17 @@ void copy_peer(c10::DeviceIndex dst_index, CUdeviceptr dst, c10::DeviceIndex src
                CUdeviceptr src, size_t bytes);
 void mem_info(c10::DeviceIndex index, size_t* free_bytes, size_t* total_bytes);
 std::string device_name(c10::DeviceIndex index);
+
+// CUDA events on a GPU's stream (resolved apart from the entry points above: a driver
+// without them still runs everything else, and these raise).
+void* event_create(c10::DeviceIndex index, bool timing);
+void event_record(c10::DeviceIndex index, void* event);
+void event_destroy(c10::DeviceIndex index, void* event) noexcept;
+bool event_query(c10::DeviceIndex index, void* event);
+void event_synchronize(c10::DeviceIndex index, void* event);
+void stream_wait_event(c10::DeviceIndex index, void* event);
+bool stream_query(c10::DeviceIndex index);  // whether the stream's work has finished
+float event_elapsed_ms(c10::DeviceIndex index, void* start, void* end);
 int compute_capability(c10::DeviceIndex index);
 
 }  // namespace saturn
