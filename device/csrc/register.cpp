@@ -7,6 +7,7 @@
 #include "ops.h"
 #include "storage.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/unfold_native.h>
@@ -39,7 +40,30 @@ void counted_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stac
     std::lock_guard<std::mutex> lock(fallback_mu);
     ++fallback_counts()[key];
   }
+  // A saturn generator passed explicitly (torch.randn(..., generator=g)): the CPU kernel
+  // takes only a CPU one, so it draws from a CPU generator holding g's state, which g
+  // takes back afterwards (the same numbers as a CPU generator seeded alike).
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  std::vector<std::pair<at::Generator, at::Generator>> swapped;  // (saturn's, stand-in)
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (!v.isGenerator()) continue;
+    at::Generator g = v.toGenerator();
+    if (!g.defined() || g.device().type() != c10::DeviceType::PrivateUse1) continue;
+    at::Generator cpu = at::make_generator<at::CPUGeneratorImpl>();
+    {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      cpu.set_state(g.get_state());
+    }
+    v = c10::IValue(cpu);
+    swapped.emplace_back(g, cpu);
+  }
   at::native::cpu_fallback(op, stack);
+  for (auto& [g, cpu] : swapped) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(cpu.get_state());
+  }
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>> fallback_snapshot() {
