@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from saturn.eqsat.errors import EqsatError, RuleError
-from saturn.eqsat.pipeline import Compiled, compile_graph
+from saturn.eqsat.pipeline import Compiled, Stages, compile_graph
 
 from . import decompositions
 from .constants import lift_constants
@@ -154,8 +155,10 @@ def _target(opts: Options, example_inputs) -> torch.device:
 def compile_fx(
     gm: torch.fx.GraphModule, example_inputs, opts: Options, forward: bool = True
 ) -> CompiledGraph:
+    t0 = time.perf_counter()
     device = _target(opts, example_inputs)
     imported = import_graph(gm, replacements=device.index >= 1)
+    t_import = time.perf_counter() - t0
     kinds = _devices_of(example_inputs)
     # CPU scalars beside saturn tensors (an optimizer's step counters) are copied in per call
     host_scalars = kinds == {"saturn", "cpu"} and all(
@@ -232,14 +235,35 @@ def compile_fx(
         rerun=forward,
     )
     assert len(outs) == k
+    stages = Stages()
+    stages.seconds["import"] = t_import
+    stages.sizes["import"] = f"{len(imported.graph.nodes)} ops"
+    stages.merge(compiled.stages)
+    compiled.stages = stages
     if imported.symbols:  # one compile over markers; a concrete recipe per size seen
         from .symbolic import SymbolicRecipe, size_sources
 
         sources = size_sources(gm, imported.symbols)
         recipe = SymbolicRecipe(recipe, sources, imported.size_values, fallback=gm)
         return CompiledGraph(imported, compiled, recipe)
+    stages.restart()
     recipe.prepare()
+    stages.mark("kernels and plans")  # code generation, cubins, library plans (a GPU's)
     return CompiledGraph(imported, compiled, recipe)
+
+
+# a compile taking longer than this logs its stages at INFO (logger "saturn")
+SLOW_COMPILE_S = 5.0
+
+
+def _log_stages(cg: CompiledGraph) -> None:
+    stages = cg.compiled.stages
+    if stages.total > SLOW_COMPILE_S:
+        log.info(
+            "saturn: compiled a graph of %d ops in %s",
+            len(cg.imported.graph.nodes),
+            stages,
+        )
 
 
 def _compiler(opts: Options, forward: bool):
@@ -266,6 +290,7 @@ def _compiler(opts: Options, forward: bool):
                 log.warning("saturn: graph runs uncompiled: %s", reason)
                 return make_boxed_func(original.forward)
             CACHE.compiles += 1
+            _log_stages(hit)
             prog = hit.compiled.program
             CACHE.host_ops += prog.count("host")
             CACHE.crossings += prog.count("crossing")

@@ -36,6 +36,7 @@ class GraphReport:
     program_text: str
     copied_outputs: tuple[str, ...] = ()  # outputs given memory of their own at every call
     kernel_kinds: tuple[str, ...] = ()  # each kernel's kind (loop, gemm, ...)
+    stages: str = ""  # seconds per compile stage (saturn.eqsat.pipeline.Stages)
 
     def summary(self) -> str:
         by_kind = Counter(self.kernel_kinds)
@@ -43,7 +44,7 @@ class GraphReport:
         return (
             f"{len(self.fates)} ops; kernels: {kernels}; per call {self.launches} launches, "
             f"{self.crossings} crossings, {self.host_ops} host ops; saturation: "
-            f"{self.stop_reason}"
+            f"{self.stop_reason}; compiled in {self.stages}"
         )
 
     def __str__(self) -> str:
@@ -134,6 +135,7 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
         program_text=prog.to_text(),
         copied_outputs=cg.compiled.ownership.why,
         kernel_kinds=tuple(k.kind for k in prog.kernels),
+        stages=str(cg.compiled.stages),
     )
 
 

@@ -30,6 +30,7 @@ def emit_stats(c: Compiled) -> str:
         f"{p.count('crossing')} crossings, {p.count('host')} host ops; "
         f"cost {c.cost:.2f} us ({c.model.machine.name})"
     )
+    lines.append(f"stages: {c.stages}")
     return "\n".join(lines) + "\n"
 
 

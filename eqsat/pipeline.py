@@ -6,7 +6,8 @@ graph --saturate--> e-graph --analyse--> types, placement --extract--> choices
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
@@ -35,6 +36,48 @@ class Compiled:
     program: Program
     cost: float  # the extracted program's cost, microseconds per call
     ownership: OutputOwnership  # outputs a call copies out (see saturn.eqsat.ownership)
+    stages: Stages = field(default_factory=lambda: Stages())
+
+
+class Stages:
+    """Wall seconds per compile stage, in the order they ran (a stage run twice adds up),
+    with what each produced where that has a size (e-nodes, kernels)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.sizes: dict[str, str] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, name: str, size: str = "") -> None:
+        """Close stage ``name``: the time since the last mark is its."""
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
+        self._t = now
+        if size:
+            self.sizes[name] = size
+
+    def restart(self) -> None:
+        """Time from now on (what ran since the last mark is no stage's)."""
+        self._t = time.perf_counter()
+
+    def merge(self, other: Stages) -> None:
+        for k, v in other.seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+        self.sizes.update(other.sizes)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def slowest(self) -> str:
+        return max(self.seconds, key=self.seconds.get) if self.seconds else ""
+
+    def __str__(self) -> str:
+        parts = []
+        for k, v in self.seconds.items():
+            size = f" ({self.sizes[k]})" if k in self.sizes else ""
+            parts.append(f"{k} {v:.2f} s{size}")
+        return f"{self.total:.2f} s: " + ", ".join(parts)
 
 
 def compile_graph(
@@ -45,18 +88,23 @@ def compile_graph(
     machine: str = "cpu-reference",
     io_on_device: bool = False,
 ) -> Compiled:
+    stages = Stages()
     # 1. saturate: the graph's terms plus every enabled ruleset, under explicit bounds
     facts = half_facts() if MACHINES[machine].halves else ""
     sat = Saturation(graph, rules, rewrites, bounds, facts)
     report = sat.run()
+    stages.mark("saturate", f"{len(report.iterations)} iterations")
     # 2. analyse: types and placement per e-class; every e-node of a class must agree
     view = sat.snapshot()
+    stages.mark("read back", f"{view.enode_count()} e-nodes")
     types = infer_types(view, graph)
     place = infer_placement(view)
+    stages.mark("typing")
     # 3. extract: cheapest acyclic program, shared values paid once
     model = CostModel(MACHINES[machine], types, place, io_on_device)
     roots = [device_twin(view, r, place) if io_on_device else r for r in view.outputs]
     best = extract_shared(view, model, roots)
+    stages.mark("extract")
     # 4. lower: kernel descriptions, host steps and crossings, validated
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
@@ -65,7 +113,8 @@ def compile_graph(
     # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)
-    return Compiled(graph, sat, report, view, model, program, cost, ownership)
+    stages.mark("lower", f"{len(program.kernels)} kernels")
+    return Compiled(graph, sat, report, view, model, program, cost, ownership, stages)
 
 
 def device_twin(view: EGraphView, cid: int, place: dict[int, str]) -> int:

@@ -273,3 +273,33 @@ def test_a_profiler_trace_names_saturns_steps_by_the_ops_they_compute(tmp_path):
     with torch.no_grad():
         g(x)
     assert recipe._labels == {}
+
+
+def test_a_slow_compile_logs_its_stages_at_info(caplog, monkeypatch):
+    """Every compile times its stages; one longer than the threshold logs them (here the
+    threshold is 0 s, so any compile is slow), explain and --emit stats show them."""
+    monkeypatch.setattr(backend, "SLOW_COMPILE_S", 0.0)
+    torch._dynamo.reset()
+    x = torch.randn(6, 5).to(DEV)
+
+    def f(x):
+        return torch.softmax(x * 2, -1)
+
+    with caplog.at_level(logging.INFO, logger="saturn"), torch.no_grad():
+        torch.compile(f, backend="saturn", dynamic=False)(x)
+    lines = [r.message for r in caplog.records if "compiled a graph" in r.message]
+    assert len(lines) == 1, [r.message for r in caplog.records]
+    for stage in ("import", "saturate", "read back", "typing", "extract", "lower"):
+        assert f"{stage} " in lines[0], lines[0]
+    assert "e-nodes" in lines[0] and "kernels" in lines[0]
+    stages = next(reversed(backend.CACHE.items.values())).compiled.stages
+    assert stages.total == pytest.approx(sum(stages.seconds.values()))
+    assert min(stages.seconds.values()) >= 0 and stages.slowest() in stages.seconds
+    assert "compiled in" in saturn.explain(f, x).summary()
+    # the default threshold: a compile this small logs nothing
+    monkeypatch.setattr(backend, "SLOW_COMPILE_S", 60.0)
+    caplog.clear()
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="saturn"), torch.no_grad():
+        torch.compile(f, backend="saturn", dynamic=False)(x)
+    assert not [r for r in caplog.records if "compiled a graph" in r.message]
