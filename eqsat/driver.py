@@ -1,7 +1,8 @@
 """Run the compiler core on a text graph and print what it made.
 
     python -m saturn.eqsat [--rules PATH ...] [--rewrites NAME ...] [--machine NAME]
-                           [--emit extracted|kernels|stats|dot] GRAPH
+                           [--emit extracted|kernels|source|plan|stats|dot] GRAPH
+    python -m saturn.eqsat --list-rules [--rules PATH ...]
 
 Exit status 2, with the file and line, for a malformed graph or rule file.
 """
@@ -17,7 +18,7 @@ from .errors import EqsatError
 from .graph import load_graph
 from .pipeline import Compiled, compile_graph
 from .program import format_expr
-from .rules import OPT_IN_RULESETS
+from .rules import OPT_IN_RULESETS, rule_files, rule_index
 
 
 def emit_stats(c: Compiled) -> str:
@@ -68,9 +69,65 @@ def emit_dot(c: Compiled) -> str:
     return "\n".join(lines) + "\n"
 
 
+def emit_source(c: Compiled) -> str:
+    """The generated source of every loop, reduction and rows kernel (the GPU machine's
+    CUDA kernels in Numba's dialect, main variant for compute capability 9.0; the CPU
+    reference's Numba functions); library steps named by what runs them."""
+    # codegen sits beside eqsat (it reads Program); imported here, where a CLI user asks
+    from saturn.codegen import cpu
+    from saturn.codegen import cuda as cg
+
+    gpu = c.model.machine.name == "gpu"
+    out = []
+    for k in c.program.kernels:
+        head = f"# ---- kernel {k.output}: {k.kind} -> {k.dtype}{list(k.shape)}"
+        if k.kind in ("loop", "reduce", "rows") and (gpu or k.kind != "rows"):
+            src = cg.generate(k).source if gpu else cpu.kernel_source(k)[0]
+            out += [head, src.rstrip(), ""]
+        else:
+            out += [f"{head} (a library call or a fixed kernel: {LIBRARY.get(k.kind, k.kind)})", ""]
+    return "\n".join(out) + "\n" if out else "# no generated kernels\n"
+
+
+LIBRARY = {
+    "gemm": "cuBLASLt through nvmath",
+    "conv": "cuDNN",
+    "custom": "a custom op",
+    "gather": "saturn's take kernel",
+    "scatter": "saturn's add-at kernel",
+    "concat": "saturn's concatenation kernel",
+    "pad": "saturn's pad kernel",
+}
+
+
+def emit_plan(c: Compiled) -> str:
+    """The memory plan: every kernel output's place in the one arena a call uses, and the
+    steps between which it is live."""
+    from .memory import plan_memory
+
+    plan = plan_memory(c.program)
+    lines = [f"arena: {plan.size} bytes, {len(plan.slots)} buffers"]
+    width = max((len(v) for v in plan.slots), default=0)
+    for v, slot in sorted(plan.slots.items(), key=lambda kv: (kv[1].offset, kv[1].first)):
+        lines.append(
+            f"  {v:{width}s}  offset {slot.offset:>10d}  {slot.nbytes:>10d} bytes  "
+            f"live steps {slot.first}..{slot.last}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def list_rules(extra: list[str]) -> str:
+    """Every named rule: its ruleset, name, file and line."""
+    rows = rule_index(rule_files(extra))
+    width = max((len(n) for _, n, _, _ in rows), default=0)
+    return "".join(f"{rs:10s} {n:{width}s}  {f.name}:{line}\n" for rs, n, f, line in rows)
+
+
 EMITTERS = {
     "extracted": lambda c: c.program.to_text(),
     "kernels": emit_kernels,
+    "source": emit_source,
+    "plan": emit_plan,
     "stats": emit_stats,
     "dot": emit_dot,
 }
@@ -80,7 +137,12 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m saturn.eqsat", description="Saturate, extract and print a text graph."
     )
-    ap.add_argument("graph", help="a .graph file in the term language")
+    ap.add_argument("graph", nargs="?", help="a .graph file in the term language")
+    ap.add_argument(
+        "--list-rules",
+        action="store_true",
+        help="list every rule (ruleset, name, file:line), with --rules' too, and exit",
+    )
     ap.add_argument(
         "--rules",
         action="append",
@@ -109,7 +171,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str]) -> str:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.list_rules:
+        return list_rules(args.rules)
+    if args.graph is None:
+        ap.error("a graph file is needed (or --list-rules)")
     graph = load_graph(args.graph)
     compiled = compile_graph(
         graph,

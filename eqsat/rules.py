@@ -113,6 +113,20 @@ def rule_owners(files: list[Path]) -> dict[str, str]:
     return out
 
 
+def rule_index(files: list[Path]) -> list[tuple[str, str, Path, int]]:
+    """(ruleset, rule name, file, line of the rule's first line) of every named rule."""
+    out = []
+    for f in files:
+        text = Path(f).read_text()
+        for m in _RULE_NAME.finditer(text):
+            ruleset, name = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            kinds = ("rule", "rewrite", "birewrite")
+            start = max(text.rfind(f"({kw}", 0, m.start()) for kw in kinds)
+            line = text.count("\n", 0, max(start, 0)) + 1
+            out.append((ruleset, name, Path(f), line))
+    return out
+
+
 def rule_files(extra: list[str | Path] | None = None) -> list[Path]:
     """saturn's rule files followed by the user's (files, or folders of ``*.egg``)."""
     files = [RULES_DIR / f for f in DEFAULT_FILES]

@@ -18,17 +18,47 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("emit", ["extracted", "kernels", "stats", "dot"])
+@pytest.mark.parametrize("emit", ["extracted", "kernels", "source", "plan", "stats", "dot"])
 def test_emit_modes(emit, capsys):
     assert main([str(GOLDEN / "decompose_softmax.graph"), "--emit", emit, "--io", "device"]) == 0
     out = capsys.readouterr().out
     marker = {
         "extracted": "kernel reduce",
         "kernels": "indexing=",
-        "stats": "saturation:",
+        "source": "@numba.njit",
+        "plan": "arena: ",
+        "stats": "stages: ",
         "dot": "digraph egraph",
     }[emit]
     assert marker in out
+
+
+def test_emit_source_for_the_gpu_is_the_cuda_kernel(capsys):
+    graph = str(GOLDEN / "decompose_softmax.graph")
+    assert main([graph, "--machine", "gpu", "--io", "device", "--emit", "source"]) == 0
+    out = capsys.readouterr().out
+    assert "# ---- kernel v1: rows" in out and "@cuda.jit" in out
+    assert main([graph, "--machine", "gpu", "--io", "device", "--emit", "plan"]) == 0
+    plan = capsys.readouterr().out.splitlines()
+    assert plan[0].startswith("arena: ") and "live steps" in plan[1]
+
+
+def test_list_rules_names_each_rule_with_its_file_and_line(tmp_path, capsys):
+    mine = tmp_path / "mine.egg"
+    mine.write_text(
+        '(ruleset mine)\n\n(rewrite (Neg (Neg x)) x\n  :ruleset mine :name "neg-neg")\n'
+    )
+    assert main(["--list-rules", "--rules", str(mine)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any(r.split()[:2] == ["gemm", "epilogue-relu"] and "gemm.egg:" in r for r in rows)
+    assert rows[-1].split() == ["mine", "neg-neg", "mine.egg:3"]
+    line = int(next(r for r in rows if " epilogue-relu " in r).rsplit(":", 1)[1])
+    from saturn.eqsat.rules import RULES_DIR
+
+    text = (RULES_DIR / "gemm.egg").read_text().splitlines()
+    assert text[line - 1].lstrip().startswith("(rule") and "epilogue-relu" in "\n".join(
+        text[line - 1 : line + 2]
+    )
 
 
 def test_malformed_graph_exits_2_with_file_and_line(tmp_path):
