@@ -18,7 +18,7 @@ import egglog.bindings as eb
 from . import optable as ot
 from .errors import EqsatError, GraphError
 from .graph import Graph
-from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files
+from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files, rule_index
 
 EQ_SORTS = ("Tensor", "Expr", "TList")
 ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
@@ -226,6 +226,7 @@ class Saturation:
         self._size = 0  # e-nodes after the last run (what _over read)
         self._last: dict[str, tuple[float, int]] = {}  # ruleset -> (its last run's s, size)
         self._longest: dict[str, float] = {}  # ruleset -> its longest run's s
+        self._fired: tuple[str, dict[str, int]] | None = None  # last changing run's rules
 
     def _run(self, text: str, name: str):
         return self.egraph.run_program(*self.egraph.parse_program(text, filename=name))
@@ -249,11 +250,29 @@ class Saturation:
             self._last[name] = (took, self._size)
             self._longest[name] = max(took, self._longest.get(name, 0.0))
         except BaseException as e:  # egglog panics (conflicting analysis facts) are not Exceptions
-            raise EqsatError(f"saturation failed in ruleset {name}: {e}") from None
+            raise EqsatError(
+                f"saturation failed in ruleset {name}: {e}{self._culprits()}"
+            ) from None
         report = out[0].report
         for rule, n in report.num_matches_per_rule.items():
             matches[rule] = matches.get(rule, 0) + n
+        if name != "analysis" and report.updated:
+            self._fired = (name, {r: n for r, n in report.num_matches_per_rule.items() if n})
         return report.updated, report.can_stop
+
+    def _culprits(self) -> str:
+        """The rules of the last run that changed the e-graph, with file and line: an
+        analysis that panics (two values merged whose rank or dtype differ) was handed the
+        merge by one of them."""
+        if self._fired is None:
+            return ""
+        name, fired = self._fired
+        where = {n: f"{f}:{line}" for _, n, f, line in rule_index(self.ruleset.loaded)}
+        rules = ", ".join(f"{r} x{n} ({where.get(r, 'no file')})" for r, n in sorted(fired.items()))
+        return (
+            f"; the last rules to change the e-graph (ruleset {name}): {rules}. A rule that "
+            "makes two values equal must keep their rank and dtype"
+        )
 
     def _over(self) -> str:
         """The bound a run has crossed ("" while within them)."""

@@ -54,6 +54,7 @@ class RuleSet:
 
     files: list[Path] = field(default_factory=list)
     user_rulesets: list[str] = field(default_factory=list)
+    loaded: list[Path] = field(default_factory=list)  # every file read, includes too
 
     def load_into(self, egraph: eb.EGraph) -> None:
         seen: set[Path] = set()
@@ -65,6 +66,7 @@ class RuleSet:
         if path in seen:
             return
         seen.add(path)
+        self.loaded.append(path)
         try:
             text = path.read_text()
         except OSError as e:

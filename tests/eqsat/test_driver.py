@@ -99,3 +99,15 @@ def test_graph_errors(tmp_path, text, message):
     proc = run(str(f))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert str(f) in proc.stderr
+
+
+def test_a_rule_merging_ranks_is_named_with_its_file_and_line(tmp_path):
+    rule = tmp_path / "bad.egg"
+    rule.write_text(
+        '(ruleset mine)\n(rewrite (Exp x) (Sum x (vec-of 1) 0) :ruleset mine :name "exp-to-sum")\n'
+    )
+    graph = tmp_path / "g.graph"
+    graph.write_text("(input x f32 [4 16])\n(let r (Exp x))\n(output r)\n")
+    proc = run(str(graph), "--rules", str(rule))
+    assert proc.returncode == 2
+    assert "Illegal merge" in proc.stderr and f"exp-to-sum x1 ({rule}:2)" in proc.stderr
