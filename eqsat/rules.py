@@ -15,6 +15,7 @@ from pathlib import Path
 import egglog.bindings as eb
 
 from .errors import RuleError, SourceLoc
+from .graph import float_bits
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 # saturn's rule files, in load order. patterns.egg declares an opt-in ruleset.
@@ -72,7 +73,7 @@ class RuleSet:
         except OSError as e:
             raise RuleError(f"cannot read rule file: {e.strerror}", SourceLoc(str(path))) from None
         try:
-            commands = egraph.parse_program(text, filename=str(path))
+            commands = egraph.parse_program(scalar_literals(text), filename=str(path))
         except eb.EggSmolError as e:
             raise _error(e, path) from None
         batch: list = []
@@ -113,6 +114,23 @@ def rule_owners(files: list[Path]) -> dict[str, str]:
             else:
                 out[m.group(3)] = m.group(4)
     return out
+
+
+# a number literal as a Scalar's value: "(Scalar 0.5 d)", "(Scalar -0.0 d)", "(Scalar inf d)"
+_SCALAR_LITERAL = re.compile(
+    r"\(Scalar(\s+)([-+]?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan))(?=[\s)])"
+)
+
+
+def scalar_literals(text: str) -> str:
+    """Rule text with every ``(Scalar <number> ...)`` written as a float (a decimal point,
+    an exponent, ``inf``, ``nan``, signed) turned into the float64 bit pattern the e-graph
+    stores, as ``.graph`` files write them; integers are bit patterns already and stay."""
+
+    def bits(m: re.Match) -> str:
+        return f"(Scalar{m.group(1)}{float_bits(float(m.group(2)))}"
+
+    return _SCALAR_LITERAL.sub(bits, text)
 
 
 def rule_index(files: list[Path]) -> list[tuple[str, str, Path, int]]:

@@ -3,6 +3,7 @@ rule has a name, a ruleset and a comment; saturation bounds are honoured and rep
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -90,3 +91,51 @@ def test_rules_folder_holds_no_stray_files():
     names = {p.name for p in RULES_DIR.glob("*.egg")}
     assert names == set(DEFAULT_FILES), names - set(DEFAULT_FILES)
     assert os.path.exists(RULES_DIR / "__init__.py")
+
+
+@pytest.mark.parametrize(
+    "literal,value",
+    [
+        ("0.5", 0.5),
+        ("-0.0", -0.0),
+        ("0.0", 0.0),
+        ("inf", math.inf),
+        ("-inf", -math.inf),
+        ("nan", math.nan),
+        ("1e-5", 1e-5),
+        ("-2.5e+3", -2500.0),
+        ("5e-324", 5e-324),  # the smallest subnormal
+        ("1.7976931348623157e308", 1.7976931348623157e308),
+        ("0.7978845608028654", 0.7978845608028654),
+    ],
+)
+def test_scalar_literals_in_rules_are_the_bits_graph_files_store(literal, value):
+    from saturn.eqsat.graph import bits_float, float_bits
+    from saturn.eqsat.rules import scalar_literals
+
+    out = scalar_literals(f"(rule ((= e (Mul x (Scalar {literal} d)))) ())")
+    bits = int(out.split("(Scalar ")[1].split()[0])
+    assert bits == float_bits(value)
+    got = bits_float(bits)
+    assert (math.isnan(got) and math.isnan(value)) or (
+        got == value and math.copysign(1, got) == math.copysign(1, value)
+    )
+
+
+def test_scalar_literals_leave_bit_patterns_and_names_alone():
+    from saturn.eqsat.rules import scalar_literals
+
+    text = "(Scalar 4607182418800017408 d) (Scalar eps d) (Scalar 0 d) (Scalarx 1.0)"
+    assert scalar_literals(text) == text
+
+
+def test_a_rule_written_with_a_literal_fires(tmp_path):
+    rule = tmp_path / "half.egg"
+    rule.write_text(
+        "(ruleset mine)\n"
+        "(rule ((= e (Mul x (Scalar 0.5 d))) (= d (dtype x)) (float-dtype d))\n"
+        '      ((union e (Div x (Scalar 2.0 d)))) :ruleset mine :name "half-as-div")\n'
+    )
+    g = parse_graph("(input x f32 [3])\n(let y (Mul x (Scalar 0.5 f32)))\n(output y)\n")
+    c = compile_graph(g, rules=[rule])
+    assert c.report.rule_totals().get("half-as-div", 0) >= 1
