@@ -7,11 +7,16 @@ each phase, median over repeats, on this machine (no GPU involved). The issue's 
 under 2 s for 1,000 nodes on the 2-core CI machine.
 
     python bench/eqsat_transformer.py [--blocks 16] [--repeats 3]
+    python bench/eqsat_transformer.py --sweep 3 10 30 100 250   (growth with graph size)
+
+``--sweep`` times each size (median of ``--repeats``) and fits the growth exponent of each
+phase: the slope of log(time) against log(nodes), least squares over the sizes given.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -103,11 +108,43 @@ def run_once(text: str) -> dict[str, float]:
     }
 
 
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(ys) against log(xs)."""
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-9)) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
+
+
+def sweep(sizes: list[int], repeats: int) -> None:
+    phases = ("saturate", "analyse", "extract", "total")
+    rows = []
+    for blocks in sizes:
+        runs = [run_once(transformer_text(blocks)) for _ in range(repeats)]
+        med = {p: statistics.median(r[p] for r in runs) for p in phases}
+        r0 = runs[0]
+        rows.append((r0["nodes"], med))
+        print(
+            f"{blocks:4d} blocks {r0['nodes']:6d} nodes {r0['enodes']:7d} e-nodes "
+            f"({r0['stop']}): " + ", ".join(f"{p} {med[p]:.3f} s" for p in phases),
+            flush=True,
+        )
+    nodes = [n for n, _ in rows]
+    print("growth exponent (log-log slope over the sizes above):")
+    for p in phases:
+        print(f"  {p:9s} {slope(nodes, [m[p] for _, m in rows]):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sweep", type=int, nargs="+", help="block counts to time in turn")
     args = ap.parse_args()
+    if args.sweep:
+        sweep(args.sweep, args.repeats)
+        return
     text = transformer_text(args.blocks)
     runs = [run_once(text) for _ in range(args.repeats)]
     r0 = runs[0]
