@@ -3,6 +3,7 @@
     python -m saturn.eqsat [--rules PATH ...] [--rewrites NAME ...] [--machine NAME]
                            [--emit extracted|kernels|source|plan|stats|dot] GRAPH
     python -m saturn.eqsat --list-rules [--rules PATH ...]
+    python -m saturn.eqsat check RULES.egg|FOLDER ...   (fuzz each rule's two sides)
 
 Exit status 2, with the file and line, for a malformed graph or rule file.
 """
@@ -189,9 +190,28 @@ def run(argv: list[str]) -> str:
     return EMITTERS[args.emit](compiled)
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_main(argv: list[str]) -> int:
+    """``check RULES.egg|FOLDER ...``: exit 1 on a counterexample, 2 on a broken file."""
+    from .check import check_files
+
+    if not argv:
+        print("usage: python -m saturn.eqsat check RULES.egg|FOLDER ...", file=sys.stderr)
+        return 2
     try:
-        sys.stdout.write(run(sys.argv[1:] if argv is None else argv))
+        report = check_files(argv)
+    except EqsatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    return 1 if report.counterexamples else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        return check_main(argv[1:])
+    try:
+        sys.stdout.write(run(argv))
     except EqsatError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

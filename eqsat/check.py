@@ -1,0 +1,267 @@
+"""``python -m saturn.eqsat check RULES.egg ...``: fuzz each rule's two sides.
+
+For every rule of the form ``(rewrite L R)`` or ``(rule ((= e L) guards...) ((union e R)))``
+whose sides are graph terms (no loop bodies, device twins or attribute variables), and for
+every dtype of ``DTYPES``:
+
+1. the rule's guards decide: a graph holding ``L`` over rank-0 inputs of that dtype is
+   saturated with the rule's file loaded, and the dtype counts only where the rule fired;
+2. ``L`` and ``R`` are evaluated by the numpy evaluator (``evaluate.py``, the op table's
+   semantics) over special values: NaN, both infinities, both zeros, a subnormal, the
+   largest finite values, ordinary numbers; integer extremes for integer dtypes;
+3. results must agree bit for bit (NaN with NaN, -0.0 with -0.0).
+
+A counterexample names the rule, its file and line, the dtype, the inputs and both results.
+Rules of other forms are listed as not checked, with the reason."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .egraph import Bounds
+from .errors import EqsatError
+from .evaluate import eval_graph, np_dtype
+from .graph import bits_float, parse_graph, read_sexprs
+
+DTYPES = ("f16", "f32", "f64", "i32", "i64")
+MAX_CASES = 400  # input combinations per rule and dtype (all of them for one or two inputs)
+
+
+def special_values(dtype: str) -> list:
+    t = np_dtype(dtype)
+    if np.issubdtype(t, np.floating):
+        info = np.finfo(t)
+        return [t(v) for v in (np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -2.5)] + [
+            info.smallest_subnormal,
+            -info.smallest_subnormal,
+            info.max,
+            info.min,
+        ]
+    info = np.iinfo(t)
+    return [t(v) for v in (0, 1, -1, 2, -3, 7)] + [t(info.max), t(info.min), t(info.max - 1)]
+
+
+@dataclass
+class Rule:
+    name: str
+    file: Path
+    line: int
+    lhs: object  # s-expression
+    rhs: object
+    dvars: frozenset[str] = frozenset()  # variables a guard binds to a dtype
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class Report:
+    checked: list[str]
+    skipped: list[str]  # "name (file:line): why"
+    counterexamples: list[str]
+
+    def __str__(self) -> str:
+        lines = [f"checked {len(self.checked)} rules, skipped {len(self.skipped)}"]
+        lines += [f"  not checked: {s}" for s in self.skipped]
+        lines += [f"COUNTEREXAMPLE {c}" for c in self.counterexamples]
+        return "\n".join(lines)
+
+
+def _text(x) -> str:
+    """An s-expression back as text."""
+    if isinstance(x, tuple) and x[0] == "[":
+        return "[" + " ".join(_text(i) for i in x[2]) + "]"
+    if isinstance(x, tuple):
+        return "(" + " ".join(_text(i) for i in x[1]) + ")"
+    return f'"{x.text}"' if x.quoted else x.text
+
+
+def _atoms(x) -> list:
+    if isinstance(x, tuple):
+        items = x[2] if x[0] == "[" else x[1]
+        return [a for i in items for a in _atoms(i)]
+    return [x]
+
+
+def _head(x) -> str:
+    return x[1][0].text if isinstance(x, tuple) and x[0] != "[" and x[1] else ""
+
+
+def read_rules(path: Path) -> tuple[list[Rule], list[str]]:
+    """The rules of a file in the checked forms, and the others with the reason."""
+    rules, skipped = [], []
+    for form in read_sexprs(path.read_text(), str(path)):
+        head = _head(form)
+        if head not in ("rule", "rewrite", "birewrite"):
+            continue
+        items = form[1]
+        kw = {items[i].text: items[i + 1] for i in range(len(items) - 1) if _is_kw(items[i])}
+        name = kw[":name"].text if ":name" in kw else f"<unnamed rule at line {form[0].loc.line}>"
+        line = form[0].loc.line
+        if head in ("rewrite", "birewrite"):
+            rules.append(Rule(name, path, line, items[1], items[2]))
+            continue
+        query, actions = items[1], items[2]
+        lhs = [q for q in query[1] if _head(q) == "=" and not isinstance(q[1][1], tuple)]
+        acts = actions[1] if isinstance(actions, tuple) else []
+        if len(lhs) >= 1 and len(acts) == 1 and _head(acts[0]) == "union":
+            e = lhs[0][1][1].text
+            union = acts[0][1]
+            if isinstance(union[1], tuple) or union[1].text != e:
+                skipped.append(f"{name} ({path}:{line}): the union is not of the matched value")
+                continue
+            dvars = frozenset(
+                q[1][1].text
+                for q in query[1]
+                if _head(q) == "=" and not isinstance(q[1][1], tuple) and _head(q[1][2]) == "dtype"
+            )
+            rules.append(Rule(name, path, line, lhs[0][1][2], union[2], dvars))
+        else:
+            skipped.append(f"{name} ({path}:{line}): not (= e L) ... ((union e R))")
+    return rules, skipped
+
+
+def _is_kw(t) -> bool:
+    return not isinstance(t, tuple) and t.text.startswith(":") and not t.quoted
+
+
+_NOT_GRAPH = {"Loop", "Reduce", "Ld", "ToDev", "ToHost", "Inline", "Custom", "TCons", "TNil"}
+
+
+def _graph_term(x, dtype: str, dvars: set[str]) -> str:
+    """An s-expression of the rule as a graph term: dtype variables bound, scalars written
+    as numbers (a rule's integer there is float64 bits)."""
+    if isinstance(x, tuple) and x[0] == "[":
+        return _text(x)
+    if isinstance(x, tuple):
+        items = x[1]
+        if _head(x) == "Scalar" and len(items) == 3:
+            v = items[1].text
+            if v.lstrip("-").isdigit():
+                v = repr(bits_float(int(v)))
+            return f"(Scalar {v} {dtype})"
+        return "(" + " ".join(_graph_term(i, dtype, dvars) for i in items) + ")"
+    if x.text in dvars:
+        return dtype
+    return f'"{x.text}"' if x.quoted else x.text
+
+
+def _vars(rule: Rule) -> tuple[list[str], set[str], str]:
+    """(tensor variables, dtype variables, why the rule cannot be checked or "")."""
+    heads = {a.text for a in _atoms(rule.lhs) + _atoms(rule.rhs)}
+    if heads & _NOT_GRAPH:
+        return [], set(), "a side is a device program (loop bodies, crossings)"
+    dvars: set[str] = set(rule.dvars)
+    tensors: list[str] = []
+    for side in (rule.lhs, rule.rhs):
+        stack = [side]
+        while stack:
+            x = stack.pop()
+            if not isinstance(x, tuple) or x[0] == "[":
+                continue
+            items = x[1]
+            if _head(x) == "Scalar" and len(items) == 3 and not isinstance(items[2], tuple):
+                dvars.add(items[2].text)
+                continue
+            for a in items[1:]:
+                if isinstance(a, tuple):
+                    stack.append(a)
+                elif a.text[:1].islower() and not a.quoted and side is rule.lhs:
+                    if a.text not in tensors and a.text not in dvars:
+                        tensors.append(a.text)
+    if not tensors:
+        return [], dvars, "no tensor variable"
+    return tensors, dvars - set(tensors), ""
+
+
+def _graph(term: str, tensors: list[str], dtype: str) -> str:
+    ins = "".join(f"(input {v} {dtype} [])\n" for v in tensors)
+    return f"{ins}(let result {term})\n(output result)\n"
+
+
+def _fires(rule: Rule, text: str) -> bool:
+    from .pipeline import compile_graph
+
+    c = compile_graph(parse_graph(text, "<check>"), rules=[rule.file], bounds=Bounds(2))
+    return c.report.rule_totals().get(rule.name, 0) > 0
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if np.issubdtype(a.dtype, np.floating):
+        nan = np.isnan(a)
+        if not np.array_equal(nan, np.isnan(b)):
+            return False
+        return bool(np.array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8)))
+    return bool(np.array_equal(a, b))
+
+
+def check_rule(rule: Rule) -> tuple[str, list[str]]:
+    """("" or why not checked, counterexamples)."""
+    tensors, dvars, why = _vars(rule)
+    if why:
+        return why, []
+    found: list[str] = []
+    fired_any = False
+    not_terms = ""
+    for dtype in DTYPES:
+        try:
+            lhs = parse_graph(_graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype))
+            rhs_term = _graph_term(rule.rhs, dtype, dvars)
+            rhs = None if rhs_term in tensors else parse_graph(_graph(rhs_term, tensors, dtype))
+        except EqsatError as e:  # not a term of this dtype (Div of integers): the next one
+            not_terms = f"its sides are not graph terms ({str(e).splitlines()[0]})"
+            continue
+        try:
+            if not _fires(rule, _graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype)):
+                continue  # the guards decline this dtype
+        except EqsatError as e:
+            found.append(f"{rule.name} ({rule.where}) {dtype}: saturation failed: {e}")
+            continue
+        except Exception as e:  # a term the checker built wrongly, not the rule's fault
+            return f"its left side does not compile as a graph ({type(e).__name__}: {e})", []
+        fired_any = True
+        values = special_values(dtype)
+        combos = list(itertools.product(values, repeat=len(tensors)))
+        if len(combos) > MAX_CASES:
+            rng = np.random.default_rng(0)
+            combos = [combos[i] for i in rng.choice(len(combos), MAX_CASES, replace=False)]
+        with np.errstate(all="ignore"):
+            for combo in combos:
+                inputs = {v: np.array(x) for v, x in zip(tensors, combo, strict=True)}
+                (want,) = eval_graph(lhs, inputs)
+                got = inputs[rhs_term] if rhs is None else eval_graph(rhs, inputs)[0]
+                if not _same(want, got):
+                    args = ", ".join(f"{v}={x!r}" for v, x in inputs.items())
+                    found.append(
+                        f"{rule.name} ({rule.where}) {dtype}: {args}: left {want!r}, right {got!r}"
+                    )
+                    break
+    if not fired_any:
+        return not_terms or "it fired for none of " + ", ".join(DTYPES) + " on rank-0 inputs", []
+    return "", found
+
+
+def check_files(paths: list[str | Path]) -> Report:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.egg")) if p.is_dir() else [p]
+    report = Report([], [], [])
+    for f in files:
+        rules, skipped = read_rules(f)
+        report.skipped += skipped
+        for rule in rules:
+            why, found = check_rule(rule)
+            if why:
+                report.skipped.append(f"{rule.name} ({rule.where}): {why}")
+            else:
+                report.checked.append(rule.name)
+            report.counterexamples += found
+    return report
