@@ -7,47 +7,19 @@ the GPUs. ``torch.saturn`` is the device module.
 
 from __future__ import annotations
 
-import torch
+import sys
 
-from . import _runtime
 
-_runtime.load()
+def _core_cli() -> bool:
+    """Whether this process is ``python -m saturn.eqsat``, the compiler core's command
+    line, which needs neither torch nor the device (it starts in a second instead of
+    five). While ``-m`` locates the module, ``sys.argv[0]`` is "-m" (Python's documented
+    behaviour); ``sys.orig_argv`` names the module."""
+    argv = getattr(sys, "orig_argv", [])
+    named = any(a == "saturn.eqsat" and argv[i - 1] == "-m" for i, a in enumerate(argv) if i)
+    return sys.argv[:1] == ["-m"] and named
 
-from . import device_module  # noqa: E402
-from ._array_interface import install as _install_array_interface  # noqa: E402
 
-torch._register_device_module("saturn", device_module)
-torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-_install_array_interface()
-
-# registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
-# convolutions (on the host), fused LSTM/GRU cells, the custom op saturn::attention and
-# scaled_dot_product_attention's fused path (sdpa)
-from . import (  # noqa: E402, F401
-    eager_conv,
-    eager_kernels,
-    eager_matmul,
-    eager_pointwise,
-    eager_reduce,
-    eager_rnn,
-    fused_attention,
-    sdpa,
-)
-from .backend import NotCompiledError, stats  # noqa: E402
-from .custom_ops import custom_op  # noqa: E402
-from .explain import explain  # noqa: E402
-
-device_count = device_module.device_count
-fallback_counts = device_module.fallback_counts
-memory_stats = device_module.memory_stats
-
-__all__ = [
-    "NotCompiledError",
-    "custom_op",
-    "device_count",
-    "device_module",
-    "explain",
-    "fallback_counts",
-    "memory_stats",
-    "stats",
-]
+if not _core_cli():
+    from ._package import *  # noqa: F403 (registers the device; the public names)
+    from ._package import __all__  # noqa: F401

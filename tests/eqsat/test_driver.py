@@ -111,3 +111,18 @@ def test_a_rule_merging_ranks_is_named_with_its_file_and_line(tmp_path):
     proc = run(str(graph), "--rules", str(rule))
     assert proc.returncode == 2
     assert "Illegal merge" in proc.stderr and f"exp-to-sum x1 ({rule}:2)" in proc.stderr
+
+
+def test_the_command_line_imports_neither_torch_nor_the_device():
+    """``python -m saturn.eqsat`` is the torch-free core: the package's device setup is
+    skipped for it (what -X importtime lists is every module the process imported)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "saturn.eqsat", "--list-rules"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0 and "mul-one-right" in proc.stdout
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if "|" in ln}
+    assert "saturn.eqsat.driver" in imported
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
+    assert "saturn._package" not in imported
