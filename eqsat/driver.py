@@ -54,13 +54,19 @@ def emit_kernels(c: Compiled) -> str:
 
 
 def emit_dot(c: Compiled) -> str:
-    """The saturated e-graph as graphviz: a cluster per class, chosen e-nodes bold."""
+    """The saturated e-graph as graphviz: a cluster per class, the e-nodes extraction chose
+    drawn bold and filled (the program is made of them)."""
     lines = ["digraph egraph {", "  compound=true; rankdir=BT; node [shape=box, fontsize=10];"]
+    chosen = {cid: ch.enode for cid, ch in c.choices.items()}
+    used = _used_classes(c)
     for cid, enodes in sorted(c.view.classes.items()):
         lines.append(f'  subgraph cluster_{cid} {{ label="{cid}"; style=dashed;')
         for i, en in enumerate(enodes):
             label = en.op + ("" if not en.attrs else " " + " ".join(map(str, en.attrs)))
-            lines.append(f'    n{cid}_{i} [label="{label}"];')
+            mark = ""
+            if cid in used and chosen.get(cid) == en:
+                mark = ', style="bold,filled", fillcolor=lightblue'
+            lines.append(f'    n{cid}_{i} [label="{label}"{mark}];')
         lines.append("  }")
     for cid, enodes in sorted(c.view.classes.items()):
         for i, en in enumerate(enodes):
@@ -68,6 +74,19 @@ def emit_dot(c: Compiled) -> str:
                 lines.append(f"  n{cid}_{i} -> n{k}_0 [lhead=cluster_{k}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _used_classes(c: Compiled) -> set[int]:
+    """The classes the extracted program reads, from its roots down its chosen e-nodes."""
+    used: set[int] = set()
+    stack = list(c.roots)
+    while stack:
+        k = stack.pop()
+        if k in used or k not in c.choices:
+            continue
+        used.add(k)
+        stack.extend(c.choices[k].enode.kids)
+    return used
 
 
 def emit_source(c: Compiled) -> str:

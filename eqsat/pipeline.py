@@ -37,6 +37,8 @@ class Compiled:
     cost: float  # the extracted program's cost, microseconds per call
     ownership: OutputOwnership  # outputs a call copies out (see saturn.eqsat.ownership)
     stages: Stages = field(default_factory=lambda: Stages())
+    choices: dict = field(default_factory=dict)  # e-class -> the extracted Choice
+    roots: list = field(default_factory=list)  # the classes of the program's outputs
 
 
 class Stages:
@@ -114,7 +116,7 @@ def compile_graph(
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)
     stages.mark("lower", f"{len(program.kernels)} kernels")
-    return Compiled(graph, sat, report, view, model, program, cost, ownership, stages)
+    return Compiled(graph, sat, report, view, model, program, cost, ownership, stages, best, roots)
 
 
 def device_twin(view: EGraphView, cid: int, place: dict[int, str]) -> int:

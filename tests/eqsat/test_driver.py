@@ -31,6 +31,8 @@ def test_emit_modes(emit, capsys):
         "dot": "digraph egraph",
     }[emit]
     assert marker in out
+    if emit == "dot":  # the e-nodes extraction chose are marked
+        assert 'style="bold,filled"' in out
 
 
 def test_emit_source_for_the_gpu_is_the_cuda_kernel(capsys):
