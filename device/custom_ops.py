@@ -436,7 +436,15 @@ def by_target(target: str) -> CustomOp | None:
 
 _ADOPTED: dict[str, CustomOp] = {}  # "ns.op.overload" -> the torch.library op's stand-in
 # namespaces whose ops saturn compiles itself (or must not call as a black box)
-_OWN_NAMESPACES = {"aten", "prims", "saturn", "higher_order", "_c10d_functional", "profiler"}
+_OWN_NAMESPACES = {
+    "aten",
+    "prims",
+    "saturn",
+    "saturn_rt",
+    "higher_order",
+    "_c10d_functional",
+    "profiler",
+}
 
 
 def library_op(target) -> CustomOp | None:
