@@ -22,15 +22,17 @@ _VARIABLE = [
 
 
 def normalized(nb) -> list[list[tuple[str, str]]]:
-    """Per code cell: (kind, text) of its outputs, each stream's chunks joined and the
-    streams put first (how a stream is chunked, and stdout and stderr interleaved, depends
-    on timing), variable parts replaced."""
+    """Per code cell: (kind, text) of its outputs, stderr left out (warnings belong to the
+    environment: a Python or library version), each stream's chunks joined and the streams
+    put first (how a stream is chunked depends on timing), variable parts replaced."""
     cells = []
     for c in nb.cells:
         if c.cell_type != "code":
             continue
         outs: list[tuple[str, str]] = []
         for o in c.get("outputs", []):
+            if o["output_type"] == "stream" and o["name"] == "stderr":
+                continue
             if o["output_type"] == "stream":
                 kind, text = f"stream:{o['name']}", str(o["text"])
             else:
