@@ -339,7 +339,6 @@ class _Extractor:
         classes: list[int],
         forced: dict[int, str],
         max_visits: int = 64,
-        seeds: list[int] | None = None,
     ) -> dict[int, Choice]:
         """Re-choose ``classes`` bottom-up until nothing changes: one pass over all of them,
         then a worklist of the parents of every class whose choice changed, lowest first.
@@ -347,18 +346,14 @@ class _Extractor:
         to a class already passed), so full passes stopped after a fixed count could leave
         a class on a stale, far costlier choice; the worklist follows changes only where
         they go. ``max_visits`` bounds the visits per class (greedy choices over cycles
-        could in principle keep trading places). ``seeds``: start the worklist at these
-        classes instead of passing over all of ``classes`` (where only they can have
-        changed: every other class of ``classes`` is revisited only if a kid's choice
-        changes)."""
+        could in principle keep trading places)."""
         if self._heights is None:
             self._heights = self.heights()
         h = self._heights
         key = {c: (h.get(c, math.inf), c) for c in classes}
         allowed = set(classes)
-        start = classes if seeds is None else [c for c in seeds if c in allowed]
-        heap = sorted(key[c] for c in start)
-        queued = set(start)
+        heap = sorted(key[c] for c in classes)
+        queued = set(classes)
         visits: dict[int, int] = {}
         while heap:
             _, cid = heapq.heappop(heap)
@@ -468,15 +463,14 @@ def extract_shared(
             break
         _, c = max(candidates)
         tried.add(c)
-        trial = _local_trial(ex, best, c)
-        if trial is None:
-            continue
-        trial_cost = program_cost(trial, roots)
-        if trial_cost < cost - 1e-9:
-            forced, best, cost = {**forced, c: "Ld"}, trial, trial_cost
-            for k, ch in trial.items():
-                if not ex.is_expr[k]:
-                    ex.own_vec[ex.index[k]] = ch.own
+        trial_forced = {**forced, c: "Ld"}
+        trial = {k: v for k, v in best.items()}
+        own_backup = ex.own_vec.copy()
+        trial = ex.run(trial, ex.ancestors(c), trial_forced)
+        if all(r in trial for r in roots) and program_cost(trial, roots) < cost - 1e-9:
+            forced, best, cost = trial_forced, trial, program_cost(trial, roots)
+        else:
+            ex.own_vec = own_backup
     for _ in range(4):  # a pattern whose inner values escape declines (see _escaping)
         escaping = _escaping(view, best, roots)
         if not escaping:
@@ -488,37 +482,6 @@ def extract_shared(
         best = ex.run(best, list(above), forced)
         _check_roots(best, roots)
     return best
-
-
-def _local_trial(ex: _Extractor, best: dict[int, Choice], c: int) -> dict[int, Choice] | None:
-    """The choices with class ``c`` materialised (its ``Ld`` e-node) and every other class
-    keeping its e-node: the loop bodies above ``c`` are re-costed up to the kernels that
-    evaluate them, nothing is re-chosen (None where that would read itself). O(body), where
-    re-extracting c's ancestors was O(graph) per trial."""
-    view = ex.view
-    trial = dict(best)
-    i, ld = next((i, en) for i, en in enumerate(view.classes[c]) if en.op == "Ld")
-    if any(k not in trial for k in ld.kids):
-        return None
-    choice = ex.consider(c, i, ld, trial)
-    if choice is None:
-        return None
-    trial[c] = choice
-    changed = [c]
-    while changed:  # up through loop bodies (Expr classes); a kernel's own cost ends it
-        k = changed.pop()
-        for p in ex.parents[k]:
-            old = trial.get(p)
-            if old is None or k not in old.enode.kids:
-                continue
-            j = view.classes[p].index(old.enode)
-            new = ex.consider(p, j, old.enode, trial)
-            if new is None:
-                return None
-            trial[p] = new
-            if ex.is_expr[p]:
-                changed.append(p)
-    return trial
 
 
 def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> list[int]:
