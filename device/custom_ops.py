@@ -26,6 +26,7 @@ in ``rewrites``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import threading
@@ -94,13 +95,15 @@ class CustomOp:
     def tensor_args(self) -> list[str]:
         return [a.name for a in self.schema.arguments if _is_tensor(a)]
 
-    @property
+    @functools.cached_property
     def packed_positions(self) -> tuple[int, ...]:
         """Positions among the tensor arguments that a compiled graph hands over packed
         (copied into a buffer of the step's own where the operand is a strided view):
         every argument of a kernel (it reads them flattened) but those it writes (copied
-        back after the kernel), the declared ones of a host function."""
-        written = {a.name for a in self.schema.arguments if a.alias_info and a.alias_info.is_write}
+        back after the kernel), the declared ones of a host function. Read at every
+        uncaptured call of a custom step, so worked out once (``packed`` is set at
+        definition)."""
+        written = _written(self.schema)
         names = self.tensor_args
         if self.kind == "kernel":
             return tuple(i for i, n in enumerate(names) if n not in written)
@@ -131,11 +134,8 @@ class CustomOp:
     @property
     def mutated(self) -> list[int]:
         """Positions of the arguments the op writes (``Tensor(a!)`` in its schema)."""
-        return [
-            i
-            for i, a in enumerate(self.schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        ]
+        written = _written(self.schema)
+        return [i for i, a in enumerate(self.schema.arguments) if a.name in written]
 
     def run_reference(self, *args):
         """The reference on host copies, the result back where the inputs were; what it
@@ -293,9 +293,7 @@ def custom_op(
     names = [a.name for a in parsed.arguments]
     if params != names:
         fail(f"the reference takes {params}, the schema declares {names}")
-    mutated = sorted(
-        a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write
-    )
+    mutated = sorted(_written(parsed))
     if mutated != sorted(mutates_args):
         fail(f"mutates_args {sorted(mutates_args)} but the schema writes {mutated}")
     if len(parsed.returns) != 1 or not isinstance(parsed.returns[0].type, torch._C.TensorType):
@@ -425,6 +423,11 @@ def replacement_for(target: str) -> CustomOp | None:
     return None
 
 
+def _written(schema: torch._C.FunctionSchema) -> set[str]:
+    """The arguments a schema writes (``Tensor(a!)``)."""
+    return {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+
 def by_target(target: str) -> CustomOp | None:
     """The custom op an FX node calls (``ns.op.default``), if it is one: a saturn custom op,
     or a ``torch.library`` op adopted by ``library_op``."""
@@ -466,7 +469,7 @@ def library_op(target) -> CustomOp | None:
         return None
     if len(schema.returns) != 1 or not isinstance(schema.returns[0].type, torch._C.TensorType):
         return None
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+    if _written(schema):
         return None
     if not any(_is_tensor(a) for a in schema.arguments):
         return None

@@ -566,13 +566,7 @@ class GpuRunner:
                 ):
                     return None
             self.calls += 1
-            if recording():
-                with torch.profiler.record_function(
-                    f"saturn replay of {len(self.r.program.kernels)} kernels"
-                ):
-                    err = _graph_launch()(self._exec_handle, self.stream)
-            else:
-                err = _graph_launch()(self._exec_handle, self.stream)
+            err = self._launch_graph(_graph_launch(), self._exec_handle)
             if err != 0:
                 self._check((err,), "cuGraphLaunch")
             self.replays += 1
@@ -788,18 +782,21 @@ class GpuRunner:
                 return [env[v] for v in self.r.program.outputs], env
             self.captured_ptrs = ptrs
             self._fast = self._fast_check(ptrs)
-        if recording():
-            with torch.profiler.record_function(
-                f"saturn replay of {len(self.r.program.kernels)} kernels"
-            ):
-                (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
-        else:
-            (err,) = drv.cuGraphLaunch(self.exec_, self.stream)
+        (err,) = self._launch_graph(drv.cuGraphLaunch, self.exec_)
         if err != self._ok:
             self._check((err,), "cuGraphLaunch")
         self.replays += 1
         stats.launches += 1
         return self.captured_outs, None
+
+    def _launch_graph(self, launch, graph):
+        """``launch(graph, stream)``, inside one profiler range while a profiler records."""
+        if not recording():
+            return launch(graph, self.stream)
+        with torch.profiler.record_function(
+            f"saturn replay of {len(self.r.program.kernels)} kernels"
+        ):
+            return launch(graph, self.stream)
 
     def _fast_check(self, ptrs: tuple) -> list[tuple] | None:
         """(address, dtype, shape) of each input for ``replay_fast``: only where every input
@@ -838,7 +835,9 @@ class GpuRunner:
             err, graph = drv.cuStreamEndCapture(self.stream)
             if graph is not None and err == self._ok:
                 drv.cuGraphDestroy(graph)
-            log.warning("saturn: CUDA-graph replay off for this graph: a step waits: %s", e)
+            log.warning(
+                "saturn: CUDA-graph replay off for this graph: a step failed captured: %s", e
+            )
             return False
         err, graph = drv.cuStreamEndCapture(self.stream)
         self._check((err,), "cuStreamEndCapture")

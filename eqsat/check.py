@@ -25,7 +25,7 @@ import numpy as np
 from .egraph import Bounds
 from .errors import EqsatError
 from .evaluate import eval_graph, np_dtype
-from .graph import bits_float, parse_graph, read_sexprs
+from .graph import Graph, bits_float, parse_graph, read_sexprs
 
 DTYPES = ("f16", "f32", "f64", "i32", "i64")
 MAX_CASES = 400  # input combinations per rule and dtype (all of them for one or two inputs)
@@ -184,10 +184,10 @@ def _graph(term: str, tensors: list[str], dtype: str) -> str:
     return f"{ins}(let result {term})\n(output result)\n"
 
 
-def _fires(rule: Rule, text: str) -> bool:
+def _fires(rule: Rule, lhs: Graph) -> bool:
     from .pipeline import compile_graph
 
-    c = compile_graph(parse_graph(text, "<check>"), rules=[rule.file], bounds=Bounds(2))
+    c = compile_graph(lhs, rules=[rule.file], bounds=Bounds(2))
     return c.report.rule_totals().get(rule.name, 0) > 0
 
 
@@ -212,15 +212,16 @@ def check_rule(rule: Rule) -> tuple[str, list[str]]:
     fired_any = False
     not_terms = ""
     for dtype in DTYPES:
+        lhs_text = _graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype)
         try:
-            lhs = parse_graph(_graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype))
+            lhs = parse_graph(lhs_text)
             rhs_term = _graph_term(rule.rhs, dtype, dvars)
             rhs = None if rhs_term in tensors else parse_graph(_graph(rhs_term, tensors, dtype))
         except EqsatError as e:  # not a term of this dtype (Div of integers): the next one
             not_terms = f"its sides are not graph terms ({str(e).splitlines()[0]})"
             continue
         try:
-            if not _fires(rule, _graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype)):
+            if not _fires(rule, lhs):
                 continue  # the guards decline this dtype
         except EqsatError as e:
             found.append(f"{rule.name} ({rule.where}) {dtype}: saturation failed: {e}")
