@@ -151,9 +151,20 @@ def Event(  # noqa: N802 - torch.cuda.Event's spelling
     interprocess: bool = False,
     device: DeviceLike = None,
 ) -> torch.Event:
-    """A ``torch.Event`` of a saturn device (the current one by default)."""
+    """A ``torch.Event`` for saturn. Like ``torch.cuda.Event`` it records on the *current*
+    device's stream unless ``record()`` is given a stream: ``torch.Event`` keeps only the
+    device type until its first record. A ``device`` other than the current one would
+    therefore time another device's work (saturn:0's host clock for a GPU's), so it is
+    refused rather than ignored."""
+    if device is not None and _index(device) != current_device():
+        raise ValueError(
+            f"torch.saturn.Event(device=saturn:{_index(device)}): an event records on the "
+            f"current device's stream (saturn:{current_device()} now); make it current with "
+            f"`with torch.saturn.device({_index(device)}):` or pass "
+            f"torch.saturn.current_stream({_index(device)}) to record()"
+        )
     return torch.Event(
-        torch.device("saturn", _index(device)),
+        torch.device("saturn", current_device()),
         enable_timing=enable_timing,
         blocking=blocking,
         interprocess=interprocess,

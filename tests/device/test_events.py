@@ -53,14 +53,25 @@ def test_streams_and_device_properties_of_saturn0():
 def test_event_timing_on_a_gpu():
     gpu = torch.device("saturn:1")
     x = torch.randn(2048, 2048, device=gpu)
-    a, b = torch.saturn.Event(True, device=gpu), torch.saturn.Event(True, device=gpu)
-    a.record()
-    for _ in range(10):
-        x = x @ x / 2048
-    b.record()
+    with pytest.raises(ValueError, match="current device"):  # saturn:0 is current
+        torch.saturn.Event(True, device=gpu)
+    with torch.saturn.device(gpu):
+        a, b = torch.saturn.Event(True, device=gpu), torch.saturn.Event(True)
+        a.record()
+        for _ in range(10):
+            x = x @ x / 2048
+        b.record()
     b.synchronize()
     assert b.query() and torch.saturn.current_stream(gpu).query()
     ms = a.elapsed_time(b)
     assert 0 < ms < 10_000
+    # Recorded on a named stream, the event is that stream's device's, whichever is current.
+    c, d = (torch.Event("saturn", enable_timing=True) for _ in range(2))
+    c.record(torch.saturn.current_stream(gpu))
+    x = x @ x / 2048
+    d.record(torch.saturn.current_stream(gpu))
+    d.synchronize()
+    assert c.device == gpu and torch.saturn.current_stream(gpu).query()
+    assert 0 < c.elapsed_time(d) < 10_000
     p = torch.saturn.get_device_properties(gpu)
     assert p.is_gpu and p.major >= 7 and p.total_memory > 2**30
