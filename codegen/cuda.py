@@ -49,6 +49,10 @@ log = logging.getLogger("saturn")
 THREADS = 256
 BLOCKS_PER_SM = 32  # loop kernels: grid cap (bench/kernels.py sweeps it)
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
+# rows this short reduce with one thread per row, in order: a warp per 4-element pooling
+# window left 28 of its 32 lanes idle (bfloat16 DenseNet-121's three 2x2 average pools
+# took 0.76 ms each on the H200, 30x their bytes' time)
+ROW_THREAD_LIMIT = 16
 NUMBA_SCALAR = {
     "bool": "boolean",
     "u8": "uint8",
@@ -249,6 +253,12 @@ def _strided_offsets(
     u = "u" if narrow else ""
     cast = _uint32 if narrow else str
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
+    if strided and k.kind == "rows" and rank:  # from the row's base (``_row_strided_head``)
+        last = rank - 1
+        for i in strided:
+            lines.append(f"{ind}off{i} = sb{i} + r * st{i}_{last}")
+            ints += [f"st{i}_{d}" for d in range(rank)]
+        return lines, ints
     if strided:
         lines.append(f"{ind}rem = {cast(flat_index)}")
         for i in strided:
@@ -671,7 +681,13 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
     acc_t = _acc_dtype(k)
     acc_type = NUMBA_TYPE[acc_t]
     if inner == 1:
-        style = "row-warp" if red < ROW_WARP_LIMIT else "row-block"
+        style = (
+            "row-thread"
+            if red <= ROW_THREAD_LIMIT
+            else "row-warp"
+            if red < ROW_WARP_LIMIT
+            else "row-block"
+        )
     else:
         style = "column"
     narrow = narrow and index_arithmetic(k)
@@ -682,7 +698,19 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
     )
     finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
     lines = [f"def {fn}({params.signature()}):", *(narrow_head(k, dnames) if narrow else [])]
-    if style == "row-warp":
+    if style == "row-thread":
+        # one thread per row (grid-stride), its elements folded in order
+        lines += [
+            "    row = cuda.grid(1)",
+            "    step = cuda.gridsize(1)",
+            "    while row < outer:",
+            f"        acc = {_identity(kind, acc_t)}",
+            "        r = 0",
+            *_accumulate("row * red + {r}", 1, "red", element, kind, "        "),
+            *_store_reduced(k, "out[row]", finish, "        "),
+            "        row += step",
+        ]
+    elif style == "row-warp":
         # one warp per row, 8 rows per block
         lines += [
             "    lane = cuda.threadIdx.x % 32",
@@ -833,6 +861,23 @@ def _row_constant(k: Kernel, i: int) -> bool:
     return (not o.shape or o.shape[-1] == 1) and k.domain[-1] > 1
 
 
+def _row_strided_head(k: Kernel) -> list[str]:
+    """Each strided operand's offset at the row's start (``sb{i}``), its coordinates over
+    the leading axes divided out once per row: an element then reads ``sb{i} + r * stride``
+    (a causal mask broadcast over heads, [B, 1, S, S] under [B, H, S, S], divided out
+    along four axes at every element of every pass took 1.1 ms of float32 OPT's 1.3 ms
+    softmax on the H200)."""
+    strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
+    rank = len(k.domain)
+    if not strided or not rank:
+        return []
+    lines = ["        hrem = row", *(f"        sb{i} = 0" for i in strided)]
+    for d in reversed(range(rank - 1)):
+        lines += [f"        hc = hrem % s{d}", f"        hrem = hrem // s{d}"]
+        lines += [f"        sb{i} += hc * st{i}_{d}" for i in strided]
+    return lines
+
+
 def _row_constant_head(k: Kernel) -> list[str]:
     """The row-constant operands' values (``_row_constant``), read at the row's start."""
     lines = []
@@ -980,6 +1025,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         if _row_trailing(k, i)
     ]
     lines += _row_constant_head(k)
+    lines += _row_strided_head(k)
     if cache is not None:  # the kept values are defined on every path (a row's last step
         # may lie past its end for some threads)
         lines += [
@@ -1655,6 +1701,100 @@ def generate_concat(width: int, rank: int, dim: int, pieces: int = 2) -> Generat
     return Generated(fn, src, params, [t] * (pieces + 1), "copy")
 
 
+def row_concat_source(pieces: int, fn: str) -> tuple[str, Params]:
+    """``pieces`` operands whose rows are packed, joined into a packed output: piece ``j``
+    is ``rows`` rows of ``l{j}`` words ``r{j}`` words apart, written at column ``c{j}`` of
+    output rows ``total`` words long. ``blockIdx.y`` picks the piece (a branch uniform over
+    the block); a thread divides once for its first (row, column) and then steps by the
+    grid's stride without dividing, so an element costs a load, a store and a few adds
+    (the general kernel, ``concat_source``, divides per axis per element)."""
+    srcs = [f"p{j}" for j in range(pieces)]
+    per = [f"{v}{j}" for v in "lrc" for j in range(pieces)]
+    lines = [
+        f"def {fn}(out, {', '.join(srcs)}, rows, total, {', '.join(per)}):",
+        "    j = cuda.blockIdx.y",
+    ]
+    for j in range(pieces):
+        test = "    else:" if j == pieces - 1 else f"    {'if' if j == 0 else 'elif'} j == {j}:"
+        lines += [test, f"        p = p{j}", f"        n = l{j}", f"        rs = r{j}"]
+        lines.append(f"        start = c{j}")
+    lines += [
+        "    if n == 0:",
+        "        return",
+        "    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x",
+        "    step = cuda.gridDim.x * cuda.blockDim.x",
+        "    r = i // n",
+        "    c = i - r * n",
+        "    dr = step // n",
+        "    dc = step - dr * n",
+        "    while r < rows:",
+        "        out[r * total + start + c] = p[r * rs + c]",
+        "        c += dc",
+        "        r += dr",
+        "        if c >= n:",
+        "            c -= n",
+        "            r += 1",
+    ]
+    return "\n".join(lines), Params(["out", *srcs], ["rows", "total", *per])
+
+
+def generate_row_concat(word: int, pieces: int) -> Generated:
+    if word not in (1, 2, 4, 8):
+        raise KernelError(f"no row concatenation kernel for {word}-byte words")
+    if not 2 <= pieces <= MAX_CONCAT:
+        raise KernelError(f"a concatenation of {pieces} pieces (2 to {MAX_CONCAT})")
+    fn = f"concat_rows_b{word}_n{pieces}"
+    body, params = row_concat_source(pieces, fn)
+    t = COPY_TYPES[word]
+    return Generated(fn, _movement_module(body), params, [t] * (pieces + 1), "copy")
+
+
+def row_concat_arguments(
+    width: int, dim: int, pieces: tuple, ptrs: tuple[int, ...]
+) -> tuple[int, int, int, list[int]] | None:
+    """(word bytes, rows, most words of one piece, integer arguments) of the row
+    concatenation joining ``pieces`` ((shape, strides) in elements) at ``ptrs`` (output
+    first) along ``dim``, the variant's unused leading pieces empty; None unless every
+    piece is packed from ``dim`` on and its leading axes collapse to one row stride. The
+    word is the widest of 8, 4, 2, 1 bytes dividing every length, row stride, column and
+    address."""
+    variant = concat_pieces(len(pieces))
+    shape0 = pieces[0][0]
+    rows = math.prod(shape0[:dim])
+    inner = math.prod(shape0[dim + 1 :])
+    lengths, strides = [], []
+    for shape, st in pieces:
+        row, leading, expect = 0, False, 1  # row: the innermost long leading axis's stride
+        for d in reversed(range(len(shape)) if shape[dim] * inner else ()):  # empty: unread
+            if shape[d] == 1:
+                continue
+            if d < dim and not leading:
+                row, leading, expect = st[d], True, st[d]
+            elif st[d] != expect:
+                return None
+            expect *= shape[d]
+        lengths.append(shape[dim] * inner)
+        strides.append(row)
+    columns = [0]
+    for n in lengths[:-1]:
+        columns.append(columns[-1] + n)
+    total = columns[-1] + lengths[-1]
+    nbytes = [v * width for v in (*lengths, *strides, *columns, total)] + list(ptrs)
+    words = [w for w in (8, 4, 2, 1) if w >= width and all(b % w == 0 for b in nbytes)]
+    if not words:
+        return None
+    word = words[0]
+    k = word // width
+    empty = variant - len(pieces)
+    ints = (
+        [rows, total // k]
+        + [0] * empty + [n // k for n in lengths]
+        + [0] * empty + [r // k for r in strides]
+        + [0] * empty + [c // k for c in columns]
+    )  # fmt: skip
+    return word, rows, max(lengths) // k, ints
+
+
 def pad_source(width: int, rank: int, fn: str) -> tuple[str, Params]:
     """``x`` (any strides) padded with a constant into a packed output: each coordinate,
     less the padding before it, is compared with x's extent before any read; outside,
@@ -1711,6 +1851,9 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
         return max(1, min(math.ceil(n / THREADS), int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style == "row-warp":
         return max(1, math.ceil(sizes["outer"] / 8)), THREADS
+    if g.style == "row-thread":
+        rows = math.ceil(sizes["outer"] / THREADS)
+        return max(1, min(rows, int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style == "rows":
         return max(1, math.ceil(sizes["outer"] / ROWS_PER_BLOCK)), THREADS
     if g.style == "rows-block":
@@ -2189,21 +2332,57 @@ class _FlatKernel:
 
 
 class ConcatKernel(_FlatKernel):
-    """Concatenations of ``pieces`` operands for one element width, rank and dim, by the
-    variant ``concat_pieces`` picks (see ``concat_source``). The launcher checks the
-    operands against the kernel."""
+    """Concatenations of ``pieces`` operands for one element width, rank and dim. Pieces
+    whose rows are packed (``row_concat_arguments``: a model's feature maps, heads, caches)
+    are copied in words of up to 8 bytes by ``generate_row_concat``'s kernel; any other
+    layout by the general variant ``concat_pieces`` picks (``concat_source``), built at its
+    first use. The launcher checks the operands against the kernel."""
 
     def __init__(self, width: int, rank: int, dim: int, cc: tuple[int, int], pieces: int = 2):
         super().__init__(generate_concat(width, rank, dim, concat_pieces(pieces)), cc)
-        self.rank, self.dim, self.pieces = rank, dim, pieces
+        self.width, self.rank, self.dim, self.pieces = width, rank, dim, pieces
         self.empty = concat_pieces(pieces) - pieces  # leading empty pieces of the variant
+        self._rows: dict[int, list] = {}  # word -> [source, loaded kernel or None]
+        self._row_plans: dict[tuple, tuple | None] = {}
+
+    def expected(self) -> list[Generated]:
+        """What a first call most likely launches, to build before it: the 8-byte row
+        kernel (the general variant is built only if a layout needs it)."""
+        return [self._row_kernel(8)[0]] if self.width <= 8 else [self.g]
+
+    def _row_kernel(self, word: int) -> list:
+        if word not in self._rows:
+            self._rows[word] = [generate_row_concat(word, concat_pieces(self.pieces)), None]
+        return self._rows[word]
 
     def launch(self, stream: int, ptrs: tuple[int, ...], *pieces: tuple) -> None:
         """``ptrs``: out, then each piece's; ``pieces``: (shape, strides) in elements."""
         if len(pieces) != self.pieces:
             raise KernelError(f"concatenation kernel {self.g.name} got {len(pieces)} pieces")
+        first = pieces[0][0]
+        for sh, _ in pieces:
+            if len(sh) != self.rank or any(
+                x != y for k, (x, y) in enumerate(zip(sh, first, strict=True)) if k != self.dim
+            ):
+                raise KernelError(
+                    f"concatenation kernel {self.g.name}: pieces "
+                    f"{[list(s) for s, _ in pieces]} do not join along {self.dim}"
+                )
+        key = (pieces, tuple(q % 8 for q in ptrs))
+        if key not in self._row_plans:
+            self._row_plans[key] = self._row_plan(ptrs, pieces)
+        plan = self._row_plans[key]
         if self.empty:  # never read: any pointer will do
             ptrs = (ptrs[0], *[ptrs[1]] * self.empty, *ptrs[1:])
+        if plan is not None:
+            from cuda.core import launch
+
+            word, config, ints = plan
+            entry = self._row_kernel(word)
+            if entry[1] is None:
+                entry[1] = load(entry[0], self.cc)
+            launch(core_stream(stream), config, entry[1], *[np.uint64(q) for q in ptrs], *ints)
+            return
 
         def ints_of():
             try:
@@ -2212,6 +2391,19 @@ class ConcatKernel(_FlatKernel):
                 raise KernelError(f"concatenation kernel {self.g.name}: {e}") from None
 
         self._launch(stream, ptrs, pieces, ints_of)
+
+    def _row_plan(self, ptrs: tuple[int, ...], pieces: tuple) -> tuple | None:
+        from cuda.core import LaunchConfig
+
+        args = row_concat_arguments(self.width, self.dim, pieces, ptrs)
+        if args is None:
+            return None
+        word, rows, longest, ints = args
+        variant = concat_pieces(self.pieces)
+        most = max(1, 132 * BLOCKS_PER_SM // variant)  # blocks per piece (grid_for's cap)
+        blocks = max(1, min(math.ceil(rows * longest / THREADS), most))
+        config = LaunchConfig(grid=(blocks, variant), block=THREADS)
+        return word, config, [np.int64(v) for v in ints]
 
 
 def concat_arguments(rank: int, dim: int, pieces: tuple) -> tuple[int, list[int]]:

@@ -141,7 +141,8 @@ class GpuRunner:
             # every kernel the first call will launch, built in parallel now (or found on
             # disk) rather than one after another as the call reaches it
             gens = [g for k in self.kernels.values() for g in k.expected()]
-            gens += [c.g for c in self.concats.values()] + [p.g for p, _ in self.pads.values()]
+            gens += [g for c in self.concats.values() for g in c.expected()]
+            gens += [p.g for p, _ in self.pads.values()]
             cg.precompile(gens, cc)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None

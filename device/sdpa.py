@@ -12,6 +12,12 @@ half types ``_scaled_dot_product_fused_attention_overrideable``, implemented her
   the device as one ``Custom`` step), aten's math written out otherwise, so the e-graph sees
   exactly what it saw before this op was chosen.
 
+Both write the result with the sequence axis outside the heads ([B, Sq, H, D] memory viewed
+as [B, H, Sq, D], as PyTorch's fused CUDA kernels allocate it): models transpose it back
+and merge the heads, which is then a view, not a copy. The custom ops therefore take q as
+that transposed view ([B, Sq, H, D]) and return [B, Sq, H, D] (a custom op's result is typed
+like its first operand).
+
 Grouped-query heads (fewer key/value heads than query heads, which aten passes unexpanded)
 are expanded before the fused kernel, as ``enable_gqa`` expands them (``repeat_interleave``).
 The fused kernel computes in float32 and rounds the probabilities to the half type before
@@ -29,7 +35,6 @@ import torch
 from saturn.codegen.attention import AttentionError, check_bias, check_operands
 from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
-from saturn.eqsat.program import packed_strides
 
 from .custom_ops import count_fallback, custom_op
 from .fused_attention import (
@@ -105,7 +110,7 @@ def layouts_take(q, k, v, bias=None) -> bool:
         return False
     if q.dim() != 4 or v.dim() != 4 or v.shape[-1] != q.shape[-1]:
         return False
-    out = Layout(DTYPES[q.dtype], tuple(q.shape), packed_strides(tuple(q.shape)))
+    out = Layout(DTYPES[q.dtype], tuple(q.shape), _out_strides(tuple(q.shape)))
     try:
         check_operands(_layout(q), _layout(k), _layout(v), out)
         if bias is not None:
@@ -113,6 +118,17 @@ def layouts_take(q, k, v, bias=None) -> bool:
     except AttentionError:
         return False
     return True
+
+
+def _out_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The result's strides: [B, Sq, H, D] memory viewed as [B, H, Sq, D]."""
+    _, h, sq, d = shape
+    return (sq * h * d, d, h * d, 1)
+
+
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    b, h, sq, d = q.shape
+    return torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
 
 
 def on_fused_device(*ts: torch.Tensor) -> bool:
@@ -136,31 +152,33 @@ def _split(rest: tuple) -> tuple:
 
 
 def _host(name: str):
-    def run(out, q, k, v, *rest) -> None:
+    def run(out, qt, k, v, *rest) -> None:
         bias, scale, causal = _split(rest)
-        if not _run_fused(out, q, k, v, bias, float(scale), bool(causal)):
+        q, o = qt.transpose(1, 2), out.transpose(1, 2)
+        if not _run_fused(o, q, k, v, bias, float(scale), bool(causal)):
             count_fallback(name)  # the math on the device's eager ops
             with torch.saturn.device(out.device.index):
-                out.copy_(reference(q, k, v, bias, float(scale), bool(causal)))
+                o.copy_(reference(q, k, v, bias, float(scale), bool(causal)))
 
     return run
 
 
-def _sdpa_ref(q, k, v, scale: float, causal: bool):
-    return reference(q, k, v, None, scale, causal)
+def _sdpa_ref(qt, k, v, scale: float, causal: bool):
+    return reference(qt.transpose(1, 2), k, v, None, scale, causal).transpose(1, 2).contiguous()
 
 
-def _sdpa_bias_ref(q, k, v, bias, scale: float):
-    return reference(q, k, v, bias, scale, False)
+def _sdpa_bias_ref(qt, k, v, bias, scale: float):
+    return reference(qt.transpose(1, 2), k, v, bias, scale, False).transpose(1, 2).contiguous()
 
 
-def _takes(q, k, v, *rest) -> bool:
-    return fused_takes(q, k, v, _split(rest)[0])
+def _takes(qt, k, v, *rest) -> bool:
+    return fused_takes(qt.transpose(1, 2), k, v, _split(rest)[0])
 
 
+# q is passed as its [B, Sq, H, D] view and the result is [B, Sq, H, D] (module docstring)
 sdpa = custom_op(
     "saturn::sdpa",
-    "(Tensor q, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
+    "(Tensor qt, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
     reference=_sdpa_ref,
     dtypes=(torch.float16, torch.bfloat16),
     host=_host("saturn::sdpa"),
@@ -168,7 +186,7 @@ sdpa = custom_op(
 )
 sdpa_bias = custom_op(
     "saturn::sdpa_bias",
-    "(Tensor q, Tensor k, Tensor v, Tensor bias, float scale) -> Tensor",
+    "(Tensor qt, Tensor k, Tensor v, Tensor bias, float scale) -> Tensor",
     reference=_sdpa_bias_ref,
     dtypes=(torch.float16, torch.bfloat16),
     host=_host("saturn::sdpa_bias"),
@@ -233,7 +251,7 @@ def overrideable(
     fused = _fused_operands(query, key, value, attn_bias, dropout_p)
     if fused is not None:
         q, k, v, bias = fused
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = _empty_out(q)
         b, h, sq, _ = q.shape
         stats = torch.empty((b, h, sq, 1), dtype=torch.float32, device=q.device)
         if _run_fused(out, q, k, v, bias, s, is_causal, stats):
@@ -264,10 +282,11 @@ def decomposition(
     fused = _fused_operands(query, key, value, attn_bias, dropout_p)
     if fused is not None:
         q, k, v, bias = fused
+        qt = q.transpose(1, 2)
         if bias is None:
-            out = torch.ops.saturn.sdpa(q, k, v, s, is_causal)
+            out = torch.ops.saturn.sdpa(qt, k, v, s, is_causal).transpose(1, 2)
         else:
-            out = torch.ops.saturn.sdpa_bias(q, k, v, bias, s)
+            out = torch.ops.saturn.sdpa_bias(qt, k, v, bias, s).transpose(1, 2)
         if query.dim() == 3:
             out = out.squeeze(0)
     else:

@@ -109,6 +109,10 @@ GRAPHS = {
     "max_pool_windows": "(input x f32 [2 3 9 13])\n(let a (Slice x 2 0 8 1))\n"
     "(let c (Slice a 3 0 12 1))\n(let v (View c [2 3 4 2 6 2]))\n"
     "(let p (Permute v [0 1 2 4 3 5]))\n(let r (Amax p [4 5] 0))\n(output r)",
+    # rows of at most ROW_THREAD_LIMIT elements: a thread per row (NaN from the inputs)
+    "row_thread_min": "(input x f32 [300 5])\n(let r (Amin x [1] 0))\n(output r)",
+    "row_thread_epilogue": "(input x f32 [7 3 16])\n"
+    "(let r (Sqrt (Mean (Mul x x) [2] 1)))\n(output r)",
     "row_sum_sq": "(input x f32 [9 40])\n(let r (Sum (Mul x x) [1] 1))\n(output r)",
     "row_max_long": "(input x f32 [2 1100])\n(let r (Amax x [1] 0))\n(output r)",
     "full_sum_long": "(input x f32 [5000])\n(let r (Sum (Mul x x) [0] 0))\n(output r)",
@@ -128,6 +132,12 @@ GRAPHS = {
     "int_sum_widens": "(input x i32 [6 50])\n(let r (Sum x [0 1] 0))\n(output r)",
     "bool_sum": "(input x bool [40])\n(let r (Sum x [0] 0))\n(output r)",
     "softmax": "(input x f32 [4 33])\n(let r (Softmax x 1))\n(output r)",
+    # strided operands of rows kernels, read from each row's base: a mask broadcast over
+    # heads, a transposed one
+    "softmax_broadcast_mask": "(input x f32 [2 3 5 40])\n(input m f32 [2 1 5 40])\n"
+    "(let r (Softmax (Add x (Expand m [2 3 5 40])) 3))\n(output r)",
+    "softmax_transposed_mask": "(input x f32 [3 6 7])\n(input m f32 [3 7 6])\n"
+    "(let r (Softmax (Add x (Permute m [0 2 1])) 2))\n(output r)",
     "epilogue_row_warp": "(input x f32 [5 40])\n(let r (Sqrt (Sum (Mul x x) [1] 1)))\n(output r)",
     "epilogue_row_block": "(input x f64 [2 1100])\n"
     "(let r (Rsqrt (Add (Mean (Mul x x) [1] 0) (Scalar 1e-06 f64))))\n(output r)",
@@ -878,6 +888,69 @@ def run_many_piece_concats() -> int:
     return failures
 
 
+def run_row_concats() -> int:
+    """Concatenations whose pieces have packed rows (feature maps along channels, heads
+    along the last axis, a piece sliced from a wider tensor, a broadcast leading axis,
+    an empty piece), copied in the widest word ``row_concat_arguments`` allows, against
+    numpy; and the layouts it refuses (a transposed piece, a misaligned address)."""
+    rng = np.random.default_rng(6)
+    failures = 0
+    cases = [  # dtype, shape, dim, lengths along dim, the kind of piece 1
+        (np.float32, (2, 3, 3, 4), 1, (2, 1, 3), "packed"),
+        (np.uint16, (3, 4, 6), 2, (4, 4), "sliced"),
+        (np.uint16, (2, 5, 3), 1, (1, 0, 2, 3), "empty"),
+        (np.float64, (4, 2, 3), 1, (1, 2, 1, 1, 2), "broadcast"),
+        (np.uint8, (3, 5), 1, (3, 1, 4), "packed"),
+    ]
+    for dtype, shape, dim, lengths, kind in cases:
+        pieces = []
+        for j, n in enumerate(lengths):
+            sh = tuple(n if d == dim else x for d, x in enumerate(shape))
+            p = (rng.standard_normal(sh) * 50).astype(dtype)
+            if j == 1 and kind == "sliced":  # a narrower view of a wider tensor's rows
+                wide = tuple(x + 2 if d == dim else x for d, x in enumerate(sh))
+                p = (rng.standard_normal(wide) * 50).astype(dtype)[(slice(None),) * dim + (
+                    slice(1, 1 + n),)]  # fmt: skip
+            elif j == 1 and kind == "broadcast":
+                p = np.broadcast_to((rng.standard_normal((1, *sh[1:])) * 50).astype(dtype), sh)
+            pieces.append(p)
+        width = pieces[0].itemsize
+        want = np.concatenate(pieces, axis=dim)
+        layouts = tuple((p.shape, tuple(st // width for st in p.strides)) for p in pieces)
+        starts = [base_of(p) for p in pieces]
+        ptrs = (0, *[8 * (j + 1) for j in range(len(pieces))])
+        args = cg.row_concat_arguments(width, dim, layouts, ptrs)
+        ok = args is not None
+        if ok:
+            word, _, _, ints = args
+            wt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[word]
+
+            def words(a, wt=wt, word=word):
+                raw = np.zeros(-(-a.nbytes // word) * word + word, dtype=np.uint8)
+                raw[: a.nbytes] = np.ascontiguousarray(a).view(np.uint8)
+                return raw.view(wt)
+
+            variant = cg.concat_pieces(len(pieces))
+            fn = cuda.jit(cg.python_function(cg.generate_row_concat(word, variant)))
+            out = words(np.zeros(want.size, dtype=dtype))
+            bases = [words(b) for b in starts]
+            fn[(2, variant), 32](out, *[bases[0]] * (variant - len(pieces)), *bases, *ints)
+            got = out.view(np.uint8)[: want.nbytes].view(dtype).reshape(want.shape)
+            ok = np.array_equal(got, want) and word >= width
+        print(f"{'ok' if ok else 'FAIL'} row concat of {len(pieces)} {np.dtype(dtype).name} "
+              f"dim={dim} ({kind}, {args[0] if args else None}-byte words)")  # fmt: skip
+        failures += not ok
+    t = np.zeros((3, 4), dtype=np.float32).T  # a transposed piece: not packed rows
+    refused = [
+        cg.row_concat_arguments(4, 1, (((4, 3), (3, 1)), (t.shape, (1, 4))), (0, 8, 16)),
+        cg.row_concat_arguments(4, 0, (((2, 3), (3, 1)), ((3, 3), (1, 3))), (0, 8, 16)),
+    ]
+    narrow = cg.row_concat_arguments(4, 1, (((2, 3), (3, 1)), ((2, 2), (2, 1))), (0, 8, 20))
+    ok = refused == [None, None] and narrow is not None and narrow[0] == 4
+    print(f"{'ok' if ok else 'FAIL'} row concat refusals and a 4-byte-aligned address")
+    return failures + (not ok)
+
+
 def run_pads() -> int:
     """Constant pads: packed and transposed inputs of each element width, fills of each
     width (-inf, a negative integer, a half's bits, true), against numpy's pad."""
@@ -969,6 +1042,7 @@ def run_movement() -> int:
     failures += run_fused_takes()
     failures += run_concats()
     failures += run_many_piece_concats()
+    failures += run_row_concats()
     failures += run_pads()
     failures += run_copies()
     return failures

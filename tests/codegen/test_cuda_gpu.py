@@ -114,6 +114,9 @@ def test_fused_loop(dtype, n):
         "(input x f32 [8 4096])\n(let r (Softmax x 1))\n(output r)",
         # a permuted (strided) input: scalar reads through strides
         "(input x f32 [130 70])\n(let r (Softmax (Permute x [1 0]) 1))\n(output r)",
+        # a causal mask broadcast over heads (strided, each row's offset found once)
+        "(input x f32 [4 6 96 96])\n(input m f32 [4 1 96 96])\n"
+        "(let r (Softmax (Add x (Expand m [4 6 96 96])) 3))\n(output r)",
     ],
 )
 def test_rows_kernels(text):
@@ -223,6 +226,10 @@ def test_strided_loops_read_contiguous_rows_as_vectors(monkeypatch, shape, perm,
     [
         ((37, 1500), "[1]"),  # long rows: a block per row
         ((1031, 77), "[1]"),  # short rows: a warp per row
+        ((70_001, 4), "[1]"),  # very short rows (pooling windows): a thread per row
+        ((3, 5, 7, 2, 2), "[3 4]"),
+        ((50_000, 16), "[1]"),
+        ((9, 17), "[1]"),  # one past the thread-per-row limit: a warp
         ((1500, 33), "[0]"),  # columns
         ((9, 300, 17), "[1]"),  # middle axis
         ((6, 5, 701), "[1 2]"),  # a run of axes
@@ -240,6 +247,10 @@ def test_reductions(op, shape, dims, dtype):
     text = f"(input x {dtype} [{dims_s}])\n(let r ({op} {body} {dims} 0))\n(output r)\n"
     want, got, launched = run_on_gpu(text)
     assert launched == 1
+    (k,) = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program.kernels
+    red = cg.reduce_layout(k)[1] if cg.reduce_layout(k)[2] == 1 else None
+    style = cg.reduce_source(k, "f")[2]
+    assert (style == "row-thread") == (red is not None and red <= cg.ROW_THREAD_LIMIT)
     assert got[0].dtype == want[0].dtype
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
 

@@ -252,12 +252,13 @@ def test_the_custom_ops_pass_their_arguments_through(op, monkeypatch):
     and causal flag in their places, and runs the math where the plan is refused."""
     q, k, v = operands()
     bias = torch.randn(1, 1, 16, 16).to(torch.bfloat16)
-    args = (q, k, v, bias, 0.3) if op.endswith("bias") else (q, k, v, 0.3, True)
+    qt = q.transpose(1, 2)  # the ops take q and give the result as [B, Sq, H, D]
+    args = (qt, k, v, bias, 0.3) if op.endswith("bias") else (qt, k, v, 0.3, True)
     want = (
         sdpa.reference(q, k, v, bias, 0.3)
         if op.endswith("bias")
         else (sdpa.reference(q, k, v, None, 0.3, True))
-    )
+    ).transpose(1, 2)
     fn = getattr(torch.ops.saturn, op.split("::")[1])
     before = fallback_counts().get(op, 0)
     got = fn(*(a.to(REF) if isinstance(a, torch.Tensor) else a for a in args))
@@ -265,7 +266,7 @@ def test_the_custom_ops_pass_their_arguments_through(op, monkeypatch):
     assert torch.equal(got.cpu(), want)
     seen = []
     monkeypatch.setattr(sdpa, "_run_fused", lambda *a: seen.append(a[4:]) or False)
-    out = torch.empty(q.shape, dtype=q.dtype, device=REF)
+    out = torch.empty(qt.shape, dtype=q.dtype, device=REF)
     sdpa._host(op)(out, *(a.to(REF) if isinstance(a, torch.Tensor) else a for a in args))
     ((b, scale, causal),) = seen
     assert (b is not None, scale, causal) == (
