@@ -97,8 +97,9 @@ class _Builder:
     def add(self, expr: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Value:
         self.signed_zeros &= "torch.maximum" not in expr and "torch.minimum" not in expr
         # nor with a matrix product: the sign of a zero dot product is the library's (CPU
-        # BLAS adds the products to +0.0; saturn's cuBLASLt plan kept a one-term sum's -0.0,
-        # GPU fuzz seed 1960; eager CUDA's sign there is not yet measured)
+        # BLAS and eager CUDA's float32 and bfloat16 products give +0.0 for a one-term -0.0,
+        # eager CUDA's float64 keeps -0.0, as saturn's cuBLASLt plan does in float32: GPU
+        # fuzz seed 1960; measured in bench/RESULTS.md)
         self.signed_zeros &= " @ " not in expr
         v = Value(self.fresh(), dtype, shape)
         self.lines.append(f"    {v.name} = {expr}")
