@@ -1,5 +1,5 @@
 """What ``import saturn`` does (``saturn/__init__.py`` runs it): build and load the C++
-extension, register the device module, the eager kernels and the public names."""
+extension, register the device module and the eager kernels."""
 
 from __future__ import annotations
 
@@ -29,21 +29,8 @@ from . import (  # noqa: E402, F401
     fused_attention,
     sdpa,
 )
-from .backend import NotCompiledError, stats  # noqa: E402
-from .custom_ops import custom_op  # noqa: E402
-from .explain import explain  # noqa: E402
 
-device_count = device_module.device_count
-fallback_counts = device_module.fallback_counts
-memory_stats = device_module.memory_stats
-
-__all__ = [
-    "NotCompiledError",
-    "custom_op",
-    "device_count",
-    "device_module",
-    "explain",
-    "fallback_counts",
-    "memory_stats",
-    "stats",
-]
+# The public names live in their modules; ``saturn/__init__.py`` binds them (or, after an
+# import of the compiler core alone, looks them up on first use): this module registers
+# the device and imports nothing that imports it back, so torch's device autoload may run
+# it while a saturn module that imports torch is itself being imported.
