@@ -1354,7 +1354,7 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     their index (strided and broadcast operands) in 32-bit arithmetic."""
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
-    fn = f"{k.kind}_{_digest(k, lanes, narrow)}"
+    fn = f"{k.kind}_{_ops_named(k)}{_digest(k, lanes, narrow)}"
     dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
     bad = [d for d in dtypes if d not in MEMORY_TYPE]
     if bad:
@@ -1396,6 +1396,34 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     )
     aligned = tuple((p, lanes * MEMORY_SIZE[dtypes[p]]) for p in packed)
     return Generated(fn, src, params, ptypes, style, lanes, threads=threads, aligned=aligned)
+
+
+NAMED_OPS = 4  # most operation names a kernel's name lists
+_UNNAMED = {"in", "const", "stage", "cast"}  # operands, constants and conversions
+
+
+def _ops_named(k: Kernel) -> str:
+    """What a kernel computes, for its name in profiles: a reduction's kind (a rows
+    kernel's stage reductions), then the distinct operations of its stages, body and
+    epilogue in order of first appearance (up to ``NAMED_OPS``, then ``etc``), each
+    followed by ``_``: ``loop_add_relu_<digest>``, ``rows_max_sum_add_exp_<digest>``."""
+    names: list[str] = [k.attrs["reduce"]] if k.kind == "reduce" else []
+    stages = list(k.stages or ()) if k.kind == "rows" else []
+    names += list(dict.fromkeys(st.reduce for st in stages))  # a softmax: max, sum
+    exprs = [e for st in stages for e in (st.body, st.epilogue) if e is not None]
+    exprs += [e for e in (k.body, k.epilogue) if e is not None]
+    for e in exprs:
+        todo = [e]  # depth-first, left to right, without recursion
+        while todo:
+            x = todo.pop()
+            if not isinstance(x, tuple) or not x or not isinstance(x[0], str):
+                continue
+            if x[0] not in _UNNAMED and x[0] not in names:
+                names.append(x[0])
+            todo += reversed([a for a in x[1:] if isinstance(a, tuple)])
+    if len(names) > NAMED_OPS:
+        names = [*names[:NAMED_OPS], "etc"]
+    return "".join(f"{n}_" for n in names if n.isidentifier())
 
 
 def _digest(k: Kernel, *extra) -> str:

@@ -114,6 +114,13 @@ def build(csrc: Path = CSRC) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
         if lib.exists():
             return lib
+        # once per torch and compiler: say so, a build takes a while on a small machine
+        print(
+            f"saturn: building its C++ extension for torch {torch.__version__} "
+            f"(once; cached in {out_dir})",
+            file=sys.stderr,
+            flush=True,
+        )
         include, libdir = _torch_paths()
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
         common = [*FLAGS, *OPT, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]

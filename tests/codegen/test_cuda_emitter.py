@@ -357,3 +357,27 @@ def test_narrow_reductions_divide_in_32_bits():
     for w, n in ((wide, narrow), (split_wide, split_narrow)):
         assert re.search(r"\b(div|rem)\.s64\b", w)  # the check below can fail
         assert not re.search(r"\b(div|rem)\.s64\b", n) and re.search(r"\bdiv\.u32\b", n)
+
+
+@pytest.mark.parametrize(
+    ("text", "prefix"),
+    [
+        (
+            "(input a f32 [64])\n(input b f32 [64])\n(input c f32 [64])\n"
+            "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
+            "loop_sigmoid_relu_add_mul_",
+        ),
+        ("(input x f32 [8 40])\n(let r (Softmax x 1))\n(output r)", "rows_max_sum_"),
+        ("(input x f32 [8 40])\n(let r (Sum (Mul x x) [1] 0))\n(output r)", "reduce_sum_mul_"),
+        (
+            "(input x f32 [64])\n(let r (Exp (Neg (Abs (Sqrt (Relu (Tanh x)))))))\n(output r)",
+            "loop_exp_neg_abs_sqrt_etc_",
+        ),
+    ],
+)
+def test_kernel_names_say_what_they_compute(text, prefix):
+    """A generated kernel's name (what profilers show) lists its operations, then a digest
+    that tells kernels of the same operations apart."""
+    (k,) = compile_graph(parse_graph(text + "\n"), machine="gpu", io_on_device=True).program.kernels
+    name = cg.generate(k).name
+    assert name.startswith(prefix) and re.fullmatch(r"[a-z_]+[0-9a-f]{12}", name), name
