@@ -9,6 +9,7 @@ A graph saturn cannot represent runs uncompiled, and the reason is logged.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -325,12 +326,29 @@ def saturn_backend(
     if mode is not None:  # torch.compile passes a mode only where no options are given
         options = {**options_for_mode(mode), **(options or {})}
     opts = parse(options)
+    if _fullgraph() and "strict" not in (options or {}):
+        # torch.compile(fullgraph=True): a graph saturn cannot compile raises, as a graph
+        # break would (an explicit strict option wins)
+        opts = dataclasses.replace(opts, strict=True)
     compiled = aot_autograd(
         fw_compiler=_compiler(opts, forward=True),
         bw_compiler=_compiler(opts, forward=False),
         decompositions=decompositions.table(),
     )(gm, example_inputs)
     return _rerun_on_failure(compiled, gm)
+
+
+def _fullgraph() -> bool:
+    """Whether dynamo is tracing under ``torch.compile(fullgraph=True)``: the frame being
+    compiled must be one graph (its translator's ``one_graph``), which backends are not
+    told otherwise."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # not under dynamo (a direct call of the backend)
+        return False
+    return bool(getattr(tx, "one_graph", False))
 
 
 def _reset() -> None:

@@ -207,6 +207,32 @@ def test_strict_raises_with_the_reason_instead_of_running_uncompiled():
     assert "complex64" in after["uncompiled_reasons"][-1]
 
 
+def test_fullgraph_is_strict_unless_told_otherwise():
+    """torch.compile(fullgraph=True) asks for one graph: a graph saturn cannot compile
+    raises with the reason, as a graph break would, instead of running uncompiled; an
+    explicit ``strict: False`` still runs it uncompiled."""
+    x = torch.randn(4, dtype=torch.complex64).to(DEV)
+    torch._dynamo.reset()
+    before = len(backend.CACHE.fallbacks)
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="saturn", fullgraph=True, dynamic=False)
+    with pytest.raises(Exception, match=r"saturn \(strict\).*complex64"), torch.no_grad():
+        fn(x)
+    assert backend.CACHE.fallbacks[before:] == []
+    torch._dynamo.reset()
+    fn = torch.compile(
+        lambda x: (x * 2).sum(),
+        backend="saturn",
+        fullgraph=True,
+        options={"strict": False},
+        dynamic=False,
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x).cpu(), (x.cpu() * 2).sum())
+    assert len(backend.CACHE.fallbacks) == before + 1
+    # without fullgraph the backend is not strict (the default)
+    assert backend._fullgraph() is False
+
+
 def test_stats_count_graphs_host_ops_and_crossings():
     torch._dynamo.reset()
     before = saturn.stats()
