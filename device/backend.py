@@ -20,8 +20,9 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from saturn.eqsat.compile_cache import compile_cached
 from saturn.eqsat.errors import EqsatError, RuleError
-from saturn.eqsat.pipeline import Compiled, Stages, compile_graph
+from saturn.eqsat.pipeline import Compiled, Stages
 
 from . import decompositions
 from .constants import lift_constants
@@ -56,6 +57,7 @@ class _Cache:
         self.items: OrderedDict[tuple, CompiledGraph] = OrderedDict()
         self.lock = threading.Lock()
         self.compiles = 0  # graphs compiled (cache misses)
+        self.disk_hits = 0  # of those, whose compile result came from the disk cache
         self.fallbacks: list[str] = []  # reasons graphs ran uncompiled
         self.failed_calls: list[str] = []  # compiled calls that failed where eager did not
         self.host_ops = 0  # host steps in the graphs compiled
@@ -188,7 +190,7 @@ def compile_fx(
     rules = [*opts.rules, *pattern_files(list(opts.rewrites))]
     if imported.custom_nodes:
         rules.append(_generated_rules(placement_rules(imported.custom_nodes, imported.graph)))
-    compiled = compile_graph(
+    compiled, from_disk = compile_cached(
         imported.graph,
         rules=rules,
         rewrites=[r for r in opts.rewrites if r in OPT_IN_RULESETS],
@@ -196,6 +198,7 @@ def compile_fx(
         machine="gpu" if device.index >= 1 else "cpu-reference",
         io_on_device=io_on_device,
     )
+    CACHE.disk_hits += from_disk
     if device.index >= 1 and any(k.kind == "conv" for k in compiled.program.kernels):
         from saturn.codegen.conv import cudnn_unavailable
 
@@ -370,6 +373,7 @@ def stats() -> dict:
 
     return {
         "graphs_compiled": CACHE.compiles,
+        "compile_cache_hits": CACHE.disk_hits,  # of those, read from the disk cache
         "graphs_uncompiled": len(CACHE.fallbacks),
         "uncompiled_reasons": list(CACHE.fallbacks),
         "failed_calls": list(CACHE.failed_calls),

@@ -6,7 +6,13 @@ is skipped, with the reason saturn gives, where there is no GPU.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Tests compile with monkeypatched internals the disk cache's key cannot see (a cost, a
+# rule set): each compiles afresh. tests/compile/test_compile_cache.py turns it on.
+os.environ["SATURN_COMPILE_CACHE"] = "0"
 
 
 def _gpu_skip_reason() -> str | None:
