@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from .sources import cache_dir, import_source, write_atomic
 
 if TYPE_CHECKING:
-    from .cuda import Generated
+    from .generated import Generated
 
 log = logging.getLogger("saturn")
 

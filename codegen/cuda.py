@@ -26,7 +26,6 @@ import math
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from numba import config
@@ -44,9 +43,9 @@ from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's 
     signature,
 )
 from .expr import NUMBA_TYPE, BodyWriter, helpers
+from .generated import THREADS, Generated, Params
 
 log = logging.getLogger("saturn")
-THREADS = 256
 BLOCKS_PER_SM = 32  # loop kernels: grid cap (bench/kernels.py sweeps it)
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
 # rows this short reduce with one thread per row, in order: a warp per 4-element pooling
@@ -181,17 +180,6 @@ def _identity(kind: str, dtype: str) -> str:
         return f"{t}({'-' if kind == 'max' else ''}np.inf)"
     info = np.iinfo(ot.NUMPY_DTYPE[dtype])
     return f"{t}({info.min if kind == 'max' else info.max})"
-
-
-@dataclass
-class Params:
-    """The kernel's parameters in order: pointers, then int64 sizes and strides."""
-
-    pointers: list[str]
-    ints: list[str]
-
-    def signature(self) -> str:
-        return ", ".join(self.pointers + self.ints)
 
 
 def _operand_reads(
@@ -1329,23 +1317,6 @@ def fastest_axis(shape, strides) -> int:
     """The axis along which the source's elements are adjacent (smallest stride, size > 1)."""
     axes = [d for d, n in enumerate(shape) if n > 1]
     return min(axes, key=lambda d: abs(strides[d])) if axes else len(shape) - 1
-
-
-@dataclass
-class Generated:
-    name: str
-    source: str  # a module defining the kernel function (no decorator)
-    params: Params
-    pointer_types: list[str]  # numba scalar type of each pointer parameter
-    style: str = "loop"
-    lanes: int = 1  # elements per vector access (loops)
-    threads: int = THREADS  # per block
-    # (pointer parameter, bytes): the alignment each vector-accessed pointer needs
-    aligned: tuple[tuple[int, int], ...] = ()
-
-    def misaligned(self, ptrs: list[int]) -> bool:
-        """Whether any vector-accessed pointer breaks the alignment the kernel assumes."""
-        return any(ptrs[p] % a for p, a in self.aligned)
 
 
 def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Generated:

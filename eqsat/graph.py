@@ -18,21 +18,15 @@ nodes. The text form (``.graph`` files) is s-expressions::
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import optable as ot
+from .bits import bits_float, float_bits
 from .errors import GraphError, SourceLoc
+from .types import infer
 
-
-def float_bits(value: float) -> int:
-    """The float64 bit pattern of ``value`` as a signed 64-bit integer."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
-
-
-def bits_float(bits: int) -> float:
-    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+__all__ = ["bits_float", "float_bits"]  # re-exported: the bit patterns live in .bits
 
 
 @dataclass
@@ -315,8 +309,6 @@ class _Reader:
         return self._add(Node(name or self.name(), op, args, tuple(attrs), loc=loc), typ)
 
     def _add(self, node: Node, typ: tuple | None) -> str:
-        from .types import infer
-
         self.graph.add(node)
         if typ is not None:
             node.dtype, node.shape = typ

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bits import bits_float
+
 # --- dtypes --------------------------------------------------------------------------
 
 FLOATS = ("f16", "bf16", "f32", "f64")
@@ -328,8 +330,6 @@ def _cat(a: np.ndarray, b: np.ndarray, dim: int) -> np.ndarray:
 
 
 def _pad(x: np.ndarray, pads: tuple, value_bits: int) -> np.ndarray:
-    from .graph import bits_float
-
     widths = [(pads[2 * d], pads[2 * d + 1]) for d in range(x.ndim)]
     value = np.asarray(bits_float(value_bits)).astype(x.dtype)
     return np.pad(x, widths, constant_values=value)

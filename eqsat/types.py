@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from . import optable as ot
+from .bits import bits_float
 from .errors import GraphError
-from .graph import bits_float
 
 Shape = tuple[int, ...]
 
