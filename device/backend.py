@@ -185,7 +185,7 @@ def compile_fx(
             raise UnsupportedError(f"inputs on {sorted(map(str, devs))}, compile target {device}")
     from saturn.eqsat.rules import OPT_IN_RULESETS
 
-    from .custom_ops import pattern_files, placement_rules
+    from .custom_ops import pattern_files, placement_rules, resolve
 
     rules = [*opts.rules, *pattern_files(list(opts.rewrites))]
     if imported.custom_nodes:
@@ -212,7 +212,7 @@ def compile_fx(
         else:
             spec.append(k)
             k += 1
-    from .importer import TORCH_DTYPES
+    from .dtypes import TORCH_DTYPES
 
     recipe = Recipe(
         program=compiled.program,
@@ -234,6 +234,7 @@ def compile_fx(
         ownership=compiled.ownership,
         host_calls=imported.host_calls,
         input_names=imported.inputs,
+        resolve_custom=resolve,
         replay=opts.replay,
         precision=opts.precision,
         rerun=forward,

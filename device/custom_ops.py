@@ -40,7 +40,7 @@ import torch
 from saturn.eqsat.errors import EqsatError
 from saturn.eqsat.graph import Graph, parse_graph
 
-from .importer import DTYPES
+from .dtypes import DTYPES
 
 REGISTRY: dict[str, CustomOp] = {}  # qualified name "ns::op" -> op
 _COUNTS: Counter = Counter()
@@ -231,7 +231,7 @@ def _expression_recipe(op: CustomOp, tensors: list[torch.Tensor]):
         graph, machine="gpu" if device.index >= 1 else "cpu-reference", io_on_device=True
     )
     out = graph.nodes[graph.outputs[0]]
-    from .importer import TORCH_DTYPES
+    from .dtypes import TORCH_DTYPES
 
     recipe = Recipe(
         program=compiled.program,
@@ -242,6 +242,7 @@ def _expression_recipe(op: CustomOp, tensors: list[torch.Tensor]):
         output_types=[InputSpec(TORCH_DTYPES[out.dtype], tuple(out.shape))],
         host_calls={},
         input_names=list(op.tensor_args),
+        resolve_custom=resolve,
         replay=False,
     )
     recipe.prepare()

@@ -30,8 +30,8 @@ import threading
 
 import torch
 
+from .dtypes import DTYPES
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached
-from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 

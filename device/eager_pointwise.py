@@ -31,8 +31,8 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
+from .dtypes import DTYPES
 from .eager_kernels import byte_span, is_non_overlapping_and_dense
-from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 

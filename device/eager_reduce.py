@@ -27,8 +27,8 @@ from saturn.codegen import cuda as cg
 from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
+from .dtypes import DTYPES
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached, is_non_overlapping_and_dense
-from .importer import DTYPES
 
 _lib = torch.library.Library("aten", "IMPL")
 _DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}

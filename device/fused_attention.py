@@ -22,7 +22,7 @@ from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
 
 from .custom_ops import count_fallback, custom_op
-from .importer import DTYPES
+from .dtypes import DTYPES
 
 log = logging.getLogger("saturn")
 

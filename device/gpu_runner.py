@@ -49,12 +49,12 @@ from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Step
 from saturn.eqsat.ranges import indices_in_range
 
+from .dtypes import DTYPES, TORCH_DTYPES
 from .eager_kernels import byte_span, strided_copy
 from .eager_kernels import cuda_driver as _driver
 from .host_ops import run_host
-from .importer import DTYPES, TORCH_DTYPES
 from .profiling import recording, step_range
-from .recipe import check_operands, const_tensor
+from .steps import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
 
@@ -105,10 +105,8 @@ class GpuRunner:
                         self.fused_takes += 1
                         self._unbounded_indices |= not indices_in_range(prog, s)
                 elif s.kind == "kernel" and s.kernel.kind == "custom":
-                    from .custom_ops import resolve
-
                     try:
-                        self.custom[s.output] = resolve(s.kernel.attrs["name"], recipe.host_calls)
+                        self.custom[s.output] = recipe.custom_op(s.kernel.attrs["name"])
                     except RuntimeError as e:  # e.g. the built-in "rmsnorm" pattern's kernel
                         raise NotImplementedError(str(e)) from None
                 elif s.kind == "kernel" and s.kernel.kind == "gather":

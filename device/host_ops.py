@@ -12,7 +12,7 @@ import torch
 from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import bits_float
 
-from .importer import TORCH_DTYPES, HostCall
+from .dtypes import TORCH_DTYPES, HostCall
 
 
 def _aten(name: str):

@@ -23,19 +23,7 @@ from saturn.eqsat.graph import Graph, Node, bits_float, float_bits
 from saturn.eqsat.program import packed_strides
 from saturn.eqsat.types import broadcast
 
-DTYPES = {
-    torch.bool: "bool",
-    torch.uint8: "u8",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float32: "f32",
-    torch.float64: "f64",
-}
-TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+from .dtypes import DTYPES, TORCH_DTYPES, HostCall
 
 
 class UnsupportedError(Exception):
@@ -43,15 +31,6 @@ class UnsupportedError(Exception):
 
 
 SIZE = "<size>"  # the env entry of an FX node that computes a size (kept on the host)
-
-
-@dataclass
-class HostCall:
-    """How to call an opaque op: its target and arguments, tensors as ("t", i) slots."""
-
-    target: str  # e.g. "aten.cumsum.default"
-    args: tuple
-    kwargs: dict
 
 
 @dataclass

@@ -20,15 +20,14 @@ import torch
 
 from saturn.codegen import cpu
 from saturn.eqsat import evaluate as ev
-from saturn.eqsat import optable as ot
-from saturn.eqsat.graph import bits_float
 from saturn.eqsat.ownership import OutputOwnership
 from saturn.eqsat.program import Program, Step
 
+from .dtypes import DTYPES, TORCH_DTYPES, HostCall
 from .eager_kernels import byte_span
 from .host_ops import run_host
-from .importer import DTYPES, TORCH_DTYPES, HostCall
 from .profiling import step_range
+from .steps import check_operands, const_tensor
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
@@ -50,23 +49,6 @@ def torch_view(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.bfloat16:
         return torch.from_numpy(numpy_view(t.view(torch.int16))).view(torch.bfloat16)
     return torch.from_numpy(numpy_view(t))
-
-
-def const_tensor(s: Step) -> torch.Tensor:
-    """The host tensor of a ``const`` step: a scalar (its float64 bits, in its dtype) or an
-    ``Arange`` (the op table's values)."""
-    if s.op == "Arange":
-        return torch.from_numpy(ot.arange_values(*s.attrs))
-    return torch.tensor(bits_float(s.attrs[0]), dtype=TORCH_DTYPES[s.attrs[1]])
-
-
-def check_operands(s: Step, operands: list[torch.Tensor]) -> None:
-    """Every operand has the shape the kernel was compiled for (raises before a launch)."""
-    for o, t in zip(s.kernel.inputs, operands, strict=True):
-        if tuple(t.shape) != tuple(o.shape):
-            raise RuntimeError(
-                f"kernel {s.output}: operand of shape {list(t.shape)}, compiled for {list(o.shape)}"
-            )
 
 
 class CompiledCallError(Exception):
@@ -109,6 +91,9 @@ class Recipe:
     output_types: list[InputSpec | None]  # what the graph returns, position by position
     host_calls: dict[str, HostCall]
     input_names: list[str] = field(default_factory=list)  # graph input per placeholder
+    # how a Custom kernel's op is found: (name, host_calls) -> (op, argument builder); the
+    # custom-op registry (``custom_ops.resolve``), handed in so this module sits below it
+    resolve_custom: Callable | None = None
     kernels: dict[str, Callable] = field(default_factory=dict)  # step output -> compiled
     stream: int = 0  # the device's stream (GPU targets)
     replay: bool = True  # CUDA-graph replay on GPU targets (see gpu_runner)
@@ -135,6 +120,12 @@ class Recipe:
     @property
     def on_gpu(self) -> bool:
         return self.device.index is not None and self.device.index >= 1
+
+    def custom_op(self, name: str) -> tuple:
+        """The op a Custom kernel named ``name`` runs and its argument builder."""
+        if self.resolve_custom is None:
+            raise NotImplementedError(f"custom kernel {name}: the recipe has no custom-op registry")
+        return self.resolve_custom(name, self.host_calls)
 
     def prepare(self) -> None:
         """Work out once what every call needs: where each input value comes from, the
@@ -376,9 +367,7 @@ class Recipe:
         elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
             r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
         elif k.kind == "custom":  # a saturn custom op: saturn:0 runs its reference
-            from .custom_ops import resolve
-
-            op, build = resolve(k.attrs["name"], self.host_calls)
+            op, build = self.custom_op(k.attrs["name"])
             r = op.run_reference(*build(cpu_in, k.attrs["eps_bits"]))
         else:
             raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")

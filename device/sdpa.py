@@ -37,12 +37,12 @@ from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 
 from .custom_ops import count_fallback, custom_op
+from .dtypes import DTYPES
 from .fused_attention import (
     _PLANS,  # noqa: F401 (tests read _PLANS)
     _layout,
 )
 from .fused_attention import run_fused as _run_fused
-from .importer import DTYPES
 
 aten = torch.ops.aten
 

@@ -208,6 +208,7 @@ class SymbolicRecipe:
             output_types=[spec(s) for s in t.output_types],
             host_calls=t.host_calls,
             input_names=list(t.input_names),
+            resolve_custom=t.resolve_custom,
             replay=t.replay,
             precision=t.precision,
             ownership=t.ownership,

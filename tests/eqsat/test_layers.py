@@ -1,6 +1,7 @@
-"""The compiler core's import structure: no import cycle among the modules of
-``saturn.eqsat`` and ``saturn.codegen`` (imports inside functions included, which hide a
-cycle from Python but not from a reader), and neither imports torch or the device package."""
+"""saturn's import structure: no import cycle among the modules of ``saturn.eqsat`` and
+``saturn.codegen``, nor among those of the device package ``saturn`` (imports inside
+functions included, which hide a cycle from Python but not from a reader); and the core
+imports neither torch nor the device package."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ ROOT = Path(__file__).parents[2]
 PACKAGES = {"saturn.eqsat": ROOT / "eqsat", "saturn.codegen": ROOT / "codegen"}
 
 
-def _modules() -> dict[str, Path]:
+DEVICE = {"saturn": ROOT / "device"}
+
+
+def _modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
     return {
         f"{pkg}.{f.stem}" if f.stem != "__init__" else pkg: f
-        for pkg, folder in PACKAGES.items()
+        for pkg, folder in packages.items()
         for f in sorted(folder.glob("*.py"))
     }
 
@@ -39,8 +43,8 @@ def _imports(name: str, path: Path) -> set[str]:
     return found
 
 
-def import_graph() -> nx.DiGraph:
-    modules = _modules()
+def import_graph(packages: dict[str, Path] = PACKAGES) -> nx.DiGraph:
+    modules = _modules(packages)
     g = nx.DiGraph()
     g.add_nodes_from(modules)
     for name, path in modules.items():
@@ -53,6 +57,11 @@ def import_graph() -> nx.DiGraph:
 def test_the_core_has_no_import_cycle():
     g = import_graph()
     cycles = list(nx.simple_cycles(g))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_device_package_has_no_import_cycle():
+    cycles = list(nx.simple_cycles(import_graph(DEVICE)))
     assert not cycles, f"import cycles: {cycles}"
 
 
