@@ -2358,17 +2358,17 @@ class ConcatKernel(_FlatKernel):
         """``ptrs``: out, then each piece's; ``pieces``: (shape, strides) in elements."""
         if len(pieces) != self.pieces:
             raise KernelError(f"concatenation kernel {self.g.name} got {len(pieces)} pieces")
-        first = pieces[0][0]
-        for sh, _ in pieces:
-            if len(sh) != self.rank or any(
-                x != y for k, (x, y) in enumerate(zip(sh, first, strict=True)) if k != self.dim
-            ):
-                raise KernelError(
-                    f"concatenation kernel {self.g.name}: pieces "
-                    f"{[list(s) for s, _ in pieces]} do not join along {self.dim}"
-                )
         key = (pieces, tuple(q % 8 for q in ptrs))
-        if key not in self._row_plans:
+        if key not in self._row_plans:  # a new layout: checked once, then planned
+            first = pieces[0][0]
+            for sh, _ in pieces:
+                if len(sh) != self.rank or any(
+                    x != y for k, (x, y) in enumerate(zip(sh, first, strict=True)) if k != self.dim
+                ):
+                    raise KernelError(
+                        f"concatenation kernel {self.g.name}: pieces "
+                        f"{[list(s) for s, _ in pieces]} do not join along {self.dim}"
+                    )
             self._row_plans[key] = self._row_plan(ptrs, pieces)
         plan = self._row_plans[key]
         if self.empty:  # never read: any pointer will do
