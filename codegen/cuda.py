@@ -1314,8 +1314,11 @@ def tiled_copy_source(width: int, rank: int, a: int, fn: str) -> tuple[str, Para
 
 
 def fastest_axis(shape, strides) -> int:
-    """The axis along which the source's elements are adjacent (smallest stride, size > 1)."""
-    axes = [d for d, n in enumerate(shape) if n > 1]
+    """The axis along which the source's elements are adjacent (smallest stride, size > 1).
+    A broadcast axis (stride 0) is never it: it repeats elements, it does not walk them (an
+    expanded key, ``[B, H, 1, L, D] -> [B, H, R, L, D]``, is a row copy, not a transpose of
+    R against D)."""
+    axes = [d for d, n in enumerate(shape) if n > 1 and strides[d] != 0]
     return min(axes, key=lambda d: abs(strides[d])) if axes else len(shape) - 1
 
 

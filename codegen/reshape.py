@@ -66,7 +66,8 @@ def gemm_copy_order(shape, strides, new_shape) -> tuple[int, ...] | None:
         return None
 
     def fastest(g) -> int:
-        return min((abs(strides[d]) for d in g[0] if shape[d] > 1), default=0)
+        # a broadcast axis (stride 0) repeats elements: it is no run's fastest
+        return min((abs(strides[d]) for d in g[0] if shape[d] > 1 and strides[d]), default=0)
 
     if fastest(rows) >= fastest(cols):
         return None

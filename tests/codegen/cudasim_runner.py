@@ -314,10 +314,24 @@ def run_copies() -> int:
         ((2, 5, 3, 8), (0, 2, 1, 3), np.float32),  # a head permute: contiguous rows
         ((3, 4, 6), (1, 0, 2), np.int64),  # rows of 2-element vectors
         ((2, 5, 3, 8), (0, 2, 1, 3), np.float16),  # a half head permute: 4-element vectors
+        # expanded (a stride-0 axis inserted at ``axis``, ``reps`` long), with the kind the
+        # copy must take: grouped-query attention's keys, [B, H, 1, L, D] -> [B, H, R, L, D],
+        # are rows (a broadcast axis is never the fastest), a transposed source still tiles
+        ((2, 5, 3, 8), (0, 2, 1, 3), np.float16, (2, 4), "rows"),
+        ((2, 5, 3, 8), (0, 2, 1, 3), np.float32, (2, 3), "rows"),
+        ((3, 33, 35), (0, 2, 1), np.float32, (1, 3), "tiled"),
+        ((4, 6, 5), (0, 1, 2), np.int64, (2, 3), "flat"),  # rows of 5: no whole vectors
+        ((4, 6, 4), (0, 1, 2), np.int64, (2, 3), "rows"),
     ]
-    for (shape, perm, dtype), narrow in itertools.product(cases, (False, True)):
+    for case, narrow in itertools.product(cases, (False, True)):
+        shape, perm, dtype = case[:3]
         base = (rng.standard_normal(shape) * 50).astype(dtype)
         view = np.transpose(base, perm)
+        want_kind = None
+        if len(case) > 3:
+            (axis, reps), want_kind = case[3], case[4]
+            view = np.expand_dims(view, axis)
+            view = np.broadcast_to(view, (*view.shape[:axis], reps, *view.shape[axis + 1 :]))
         width = view.itemsize
         word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}[width]
         src = base.reshape(-1).view(word)
@@ -344,8 +358,13 @@ def run_copies() -> int:
             kind = "flat"
         got = out.view(dtype).reshape(view.shape)
         ok = np.array_equal(got, np.ascontiguousarray(view))
+        ok = ok and want_kind in (None, kind)
         how = " narrow" if narrow else ""
-        print(f"{'ok' if ok else 'FAIL'} copy {kind}{how} {shape} {perm} {np.dtype(dtype).name}")
+        grown = f" expanded {case[3]}" if len(case) > 3 else ""
+        print(
+            f"{'ok' if ok else 'FAIL'} copy {kind}{how} {shape} {perm}{grown} "
+            f"{np.dtype(dtype).name}"
+        )
         failures += not ok
     # expanded scalars: a fill, vectors then a tail, or element by element (no vectors:
     # an unaligned output, bytes, 16-byte elements)

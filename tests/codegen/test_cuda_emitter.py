@@ -20,7 +20,7 @@ from saturn.eqsat.pipeline import compile_graph
 SIMULATED = [
     # half loops, sums and rows kernels (4 of them reading a take) rounded once from
     # float32; movement kernels
-    ("movement", 143, 0, 64),
+    ("movement", 150, 0, 64),
     ("graphs", 84, 9, 0),  # every graph, then narrow and split (9 split reductions)
     ("variants", 61, 0, 0),  # rows kernels kept, by warps, re-read; scalar loops
 ]
@@ -381,3 +381,11 @@ def test_kernel_names_say_what_they_compute(text, prefix):
     (k,) = compile_graph(parse_graph(text + "\n"), machine="gpu", io_on_device=True).program.kernels
     name = cg.generate(k).name
     assert name.startswith(prefix) and re.fullmatch(r"[a-z_]+[0-9a-f]{12}", name), name
+
+
+def test_a_broadcast_axis_is_never_the_fastest():
+    """An expanded grouped-query key ([B, H, R, L, D], R of stride 0) copies by rows along
+    D, not as a transpose of R against D (a tiled copy 8x wasteful: R is 4 of 32 lanes)."""
+    assert cg.fastest_axis((2, 3, 4, 5, 8), (120, 8, 0, 24, 1)) == 4
+    assert cg.fastest_axis((2, 3, 4), (0, 1, 3)) == 1  # a real transpose still is one
+    assert cg.fastest_axis((2, 3), (0, 0)) == 1  # all broadcast: the fill's case

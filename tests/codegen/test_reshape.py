@@ -65,3 +65,12 @@ def test_groups_of_a_reshape():
     assert reshape_groups((2, 1, 3, 4), (6, 1, 4)) == [([0, 1, 2], [0]), ([3], [2])]
     assert reshape_groups((6, 4), (2, 3, 4)) == [([0], [0, 1]), ([1], [2])]
     assert reshape_groups((2, 3), (7,)) is None
+
+
+def test_a_broadcast_axis_is_no_runs_fastest():
+    """Grouped-query attention's key, [B, L, Hkv, D] -> [B, Hkv, R, L, D] (R expanded with
+    stride 0) read as [B*Hkv, R*L, D]: the rows run (R, L) is not faster than D because of
+    R's zero stride, so the packed row copy stays (no transposing copy)."""
+    k = torch.randn(2, 5, 3, 8).permute(0, 2, 1, 3)[:, :, None].expand(2, 3, 4, 5, 8)
+    assert k.stride()[2] == 0
+    assert gemm_copy_order(tuple(k.shape), k.stride(), (6, 20, 8)) is None
