@@ -21,12 +21,12 @@ no GPU); ``LtPlan`` runs it on the device.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .gemm import GemmError, Layout, check_epilogue, time_on_stream
+from .gemm_tuning import TUNINGS, alignment
 
 # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F
 DATA_TYPE = {"f16": 2, "bf16": 14, "f32": 0, "f64": 1}
@@ -35,7 +35,6 @@ COMPUTE = {"f64": (70, 1, np.float64)}  # COMPUTE_64F
 COMPUTE_32F = (68, 0, np.float32)  # every other dtype: COMPUTE_32F, float32 scalars
 EPILOGUE_CODE = {"none": 1, "bias": 4, "relu_bias": 6, "gelu_bias": 36}  # cublasLtEpilogue_t
 _N, _T = 0, 1  # cublasOperation_t
-_ALIGN = 256  # cuBLASLt's largest pointer-alignment requirement (its preference default)
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's documentation recommends on Hopper
 
 
@@ -143,10 +142,6 @@ def _handle() -> int:
     return _HANDLES[key]
 
 
-def _alignment(ptr: int) -> int:
-    return math.gcd(ptr, _ALIGN)
-
-
 class LtPlan:
     """``out = epilogue(a @ b [+ bias])`` for fixed layouts of one dtype; ``run`` takes
     pointers. ``workspace``: (pointer, bytes) of device memory the plan may use on every
@@ -252,13 +247,13 @@ class LtPlan:
         )
         # cuBLASLt assumes 256-byte aligned operands unless told; the product's a and b
         # are saturn's b and a
-        self.align = tuple(_alignment(x) for x in ptrs)
+        self.align = tuple(alignment(x) for x in ptrs)
         for which, ptr in (("A", ptrs[1]), ("B", ptrs[0]), ("C", ptrs[2]), ("D", ptrs[2])):
             self._set(
                 lt.matmul_preference_set_attribute,
                 pref,
                 getattr(pattr, f"MIN_ALIGNMENT_{which}_BYTES"),
-                _alignment(ptr),
+                alignment(ptr),
                 np.uint32,
             )
         if self.epilogue != "none":
@@ -292,10 +287,18 @@ class LtPlan:
             raise GemmError("cuBLASLt has no algorithm for this GEMM")
         self.algo = self.algos[0][0]
         if self.autotune and len(self.algos) > 1:
-            for i, (algo, _) in enumerate(self.algos):
-                self.algo = algo
-                self.timings[i] = time_on_stream(lambda: self.run(ptrs), self.stream, 3)
-            best = min(self.timings, key=self.timings.__getitem__)
+            # the heuristic lists the same candidates for the same product: the index a plan
+            # of it timed before is this one's choice too (gemm_tuning)
+            key = TUNINGS.key(
+                ptrs, "lt", self.layouts, self.epilogue, self.workspace[1], len(self.algos)
+            )
+            best = TUNINGS.get(key)
+            if best is None:
+                for i, (algo, _) in enumerate(self.algos):
+                    self.algo = algo
+                    self.timings[i] = time_on_stream(lambda: self.run(ptrs), self.stream, 3)
+                best = min(self.timings, key=self.timings.__getitem__)
+                TUNINGS.put(key, best)
             self.algo = self.algos[best][0]
 
     def free(self) -> None:

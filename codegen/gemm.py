@@ -39,6 +39,8 @@ import numpy as np
 
 from saturn.eqsat import optable as ot
 
+from .gemm_tuning import TUNINGS
+
 
 class GemmError(RuntimeError):
     """An operand layout or epilogue the library plan cannot take."""
@@ -241,6 +243,17 @@ class _Split:
             _split_kernel()((blocks,), (256,), (self._src[1], *self.mem, np.int64(self.n)))
 
 
+def _kept(algorithm):
+    """A copy of an nvmath ``Algorithm`` in a buffer of its own (the plan that found it
+    may be freed while other plans of the same product still take it)."""
+    from nvmath.bindings import cublasLt as lt  # noqa: N813
+    from nvmath.linalg.advanced import Algorithm
+
+    buf = lt.MatmulHeuristicResult(1)
+    buf[0] = algorithm.algorithm._data
+    return Algorithm(buf[0])
+
+
 class GemmPlan:
     """``out = epilogue(a @ b [+ bias])`` for fixed layouts; ``run`` takes pointers."""
 
@@ -370,13 +383,20 @@ class GemmPlan:
                     options=MatmulOptions(inplace=True, compute_type=compute),
                     stream=self.stream,
                 )
-                # cuBLASLt's heuristic candidates, timed on these operands
-                if last:
-                    mm.plan(epilog=epilog, epilog_inputs=epi, stream=self.stream)
+                # cuBLASLt's heuristic candidates, timed on these operands, unless a plan
+                # of the same product was timed before (gemm_tuning)
+                kw = {"epilog": epilog, "epilog_inputs": epi} if last else {}
+                key = TUNINGS.key(
+                    p, "nvmath", self.layouts, self.epilogue, self.gelu_separate, compute, beta
+                )
+                best = TUNINGS.get(key) if self.autotune else None
+                if best is not None:
+                    mm.plan(algorithms=[best], stream=self.stream, **kw)
                 else:
-                    mm.plan(stream=self.stream)
-                if self.autotune:
-                    mm.autotune(iterations=3, stream=self.stream)
+                    mm.plan(stream=self.stream, **kw)
+                    if self.autotune:
+                        mm.autotune(iterations=3, stream=self.stream)
+                        TUNINGS.put(key, _kept(mm.algorithms[0]))
                 self.mms.append(mm)
         except GemmError:
             raise

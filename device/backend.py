@@ -369,6 +369,8 @@ def stats() -> dict:
     uncompiled and why, compiled calls that failed and ran uncompiled (eager did not fail),
     host steps and crossings in the graphs compiled, and eager ops that ran through the
     CPU fallback (by ATen op)."""
+    from saturn.codegen.gemm_tuning import TUNINGS
+
     from ._runtime import fallback_counts
     from .custom_ops import fallback_counts as custom_fallbacks
 
@@ -382,6 +384,8 @@ def stats() -> dict:
         "crossings": CACHE.crossings,
         "eager_fallbacks": fallback_counts(),
         "custom_op_fallbacks": custom_fallbacks(),
+        # library products timed, and plans that took a choice timed before (gemm_tuning)
+        **TUNINGS.stats(),
     }
 
 

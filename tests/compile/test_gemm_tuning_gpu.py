@@ -1,0 +1,40 @@
+"""Identical products (a model's repeated layers) share one timed cuBLASLt choice: the
+first plan times the candidates, the others take its choice, and the values are eager's.
+GPU only (marker gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import saturn
+from saturn import backend
+
+pytestmark = pytest.mark.gpu
+GPU = "saturn:1"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_repeated_layers_time_their_product_once(dtype):
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(6)]
+    model = torch.nn.Sequential(*blocks).eval()
+    x = torch.randn(64, 256)
+    with torch.no_grad():
+        want = model(x)
+        ref = model.to(dtype)(x.to(dtype)).float()  # eager's own rounding, for bf16
+        torch._dynamo.reset()
+        before = saturn.stats()
+        fallbacks = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
+        compiled = torch.compile(model.to(GPU), backend="saturn", dynamic=False)
+        got = compiled(x.to(dtype).to(GPU)).float().cpu()
+        after = saturn.stats()
+    assert (len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)) == fallbacks
+    timed = after["gemm_tunings"] - before["gemm_tunings"]
+    reused = after["gemm_tunings_reused"] - before["gemm_tunings_reused"]
+    # six products: at most one timed per alignment the memory plan gave the operands
+    assert reused >= 4 and timed + reused >= 6 - (timed + reused == 0), (timed, reused)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
