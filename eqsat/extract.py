@@ -383,6 +383,25 @@ class _Extractor:
                     heapq.heappush(heap, key[p])
         return best
 
+    def readers(self, group: list[int], best: dict[int, Choice]) -> list[int]:
+        """The classes of ``group`` and the loop bodies whose chosen e-nodes read them, up
+        to and including the Tensor classes (kernels) that evaluate those bodies: what a
+        changed choice in ``group`` changes the cost of. Parents whose choice does not read
+        the class are left out: a residual stream's class has a parent in every later
+        layer's written-out body, the chosen program one or two."""
+        seen = set(group)
+        stack = list(group)
+        while stack:
+            c = stack.pop()
+            if not self.is_expr[c]:
+                continue  # a kernel: its readers see only its output
+            for p in self.parents[c]:
+                chosen = best.get(p)
+                if p not in seen and chosen is not None and c in chosen.enode.kids:
+                    seen.add(p)
+                    stack.append(p)
+        return list(seen)
+
     def ancestors(self, cid: int) -> list[int]:
         seen = {cid}
         stack = [cid]
@@ -445,10 +464,12 @@ def extract_shared(
     _check_roots(best, roots)
     cost = program_cost(best, roots)
     tried: set[int] = set()
-    for _ in range(max_tries):
-        refs = _references(view, best, roots)
-        candidates = []
-        for c, n in refs.items():
+
+    def candidates() -> dict[tuple, list[int]]:
+        """The bodies worth a trial, grouped: the same body at the same place of every
+        repeated layer (equal readers, body cost and type) is one group."""
+        groups: dict[tuple, list[int]] = {}
+        for c, n in _references(view, best, roots).items():
             if n < 2 or c in tried or best[c].enode.op != "Inline":
                 continue
             ld = [en for en in view.classes[c] if en.op == "Ld"]
@@ -458,19 +479,36 @@ def extract_shared(
             saving = (n - 1) * best[c].tree
             if t is None or saving <= model.machine.launch_us:
                 continue
-            candidates.append((saving, c))
-        if not candidates:
-            break
-        _, c = max(candidates)
-        tried.add(c)
-        trial_forced = {**forced, c: "Ld"}
-        trial = {k: v for k, v in best.items()}
+            groups.setdefault((round(saving, 6), n, repr(t)), []).append(c)
+        return groups
+
+    def trial(group: list[int]) -> bool:
+        """Every class of ``group`` materialised; kept if the program gets cheaper. Only
+        the bodies reading the group and the kernels evaluating them are chosen again (a
+        trial's effect on choices further up is settled once, after the last trial):
+        re-extracting every class above, as a deep model's residual stream would make
+        each trial do, is quadratic in depth."""
+        nonlocal forced, best, cost
+        trial_forced = {**forced, **dict.fromkeys(group, "Ld")}
         own_backup = ex.own_vec.copy()
-        trial = ex.run(trial, ex.ancestors(c), trial_forced)
-        if all(r in trial for r in roots) and program_cost(trial, roots) < cost - 1e-9:
-            forced, best, cost = trial_forced, trial, program_cost(trial, roots)
-        else:
-            ex.own_vec = own_backup
+        got = ex.run(dict(best), ex.readers(group, best), trial_forced)
+        if all(r in got for r in roots) and program_cost(got, roots) < cost - 1e-9:
+            forced, best, cost = trial_forced, got, program_cost(got, roots)
+            return True
+        ex.own_vec = own_backup
+        return False
+
+    changed = False
+    for _ in range(max_tries):
+        groups = candidates()
+        if not groups:
+            break
+        _, group = max(groups.items(), key=lambda kv: (kv[0][0], len(kv[1])))
+        tried.update(group)
+        changed |= trial(group)
+    if changed:  # the choices above the materialised bodies, on their new costs
+        best = ex.run(best, list(ex.ids), forced)
+        _check_roots(best, roots)
     for _ in range(4):  # a pattern whose inner values escape declines (see _escaping)
         escaping = _escaping(view, best, roots)
         if not escaping:

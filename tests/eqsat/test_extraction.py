@@ -224,3 +224,44 @@ def test_concatenations_along_different_axes_stay_apart():
     cats = sorted(len(k.inputs) for k in c.program.kernels if k.kind == "concat")
     assert cats == [2, 2], c.program.to_text()
     check_values(graph, c.program)
+
+
+def _norm_stream(n: int) -> str:
+    """A transformer's residual stream: each layer's norm reads the stream twice (its mean
+    square and its scaling), a product reads the norm, the next stream adds it back."""
+    lines = ["(input x f32 [2048 256])", *(f"(input w{i} f32 [256 256])" for i in range(n))]
+    h = "x"
+    for i in range(n):
+        lines += [
+            f"(let m{i} (Mean (Mul {h} {h}) [1] 1))",
+            f"(let n{i} (Mul {h} (Rsqrt (Add m{i} (Scalar 0.000001 f32)))))",
+            f"(let g{i} (MatMul n{i} w{i}))",
+            f"(let h{i} (Add {h} (Tanh g{i})))",
+        ]
+        h = f"h{i}"
+    return "\n".join([*lines, f"(output {h})"]) + "\n"
+
+
+def test_extraction_work_grows_linearly_with_depth(monkeypatch):
+    """Each layer's stream is a body read by several kernels, and each later layer's
+    written-out body nests it: trying each materialised must not re-extract everything
+    above it (quadratic in depth). Counted in class choices made, four times the depth
+    may take at most six times the work (it took eleven before trials were local)."""
+    from saturn.eqsat import extract as ex
+
+    calls = [0]
+    best_of = ex._Extractor.best_of
+
+    def counted(self, *a):
+        calls[0] += 1
+        return best_of(self, *a)
+
+    monkeypatch.setattr(ex._Extractor, "best_of", counted)
+    work = {}
+    for n in (12, 48):
+        calls[0] = 0
+        c = compile_graph(parse_graph(_norm_stream(n)), machine="gpu", io_on_device=True)
+        work[n] = calls[0]
+        # every layer's stream written once (a launch saved beats recomputing it 3 times)
+        assert len(c.program.kernels) >= 2 * n, c.program.to_text()
+    assert work[48] <= 6 * work[12], work
