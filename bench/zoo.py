@@ -356,6 +356,13 @@ def run_one(
         host_ops=host,
         crossings=crossings,
     )
+    # where the first call's compile time went: saturn's stages summed over its graphs (the
+    # rest of the first call is Dynamo, AOTAutograd and the run itself)
+    stages: dict[str, float] = {}
+    for cg in new:
+        for k, v in cg.compiled.stages.seconds.items():
+            stages[k] = stages.get(k, 0.0) + v
+    row["stages"] = {k: round(v, 2) for k, v in stages.items()}
     err = (
         (got - eager_out.cpu() if dtype == torch.float32 else got - want32.cpu()).abs().max().item()
     )
@@ -444,6 +451,12 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _stages(stages: dict[str, float]) -> str:
+    """The slowest stages first, the ones under a tenth of a second left out."""
+    top = sorted(stages.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v:.1f} s" for k, v in top if v >= 0.1) or "-"
+
+
 def _format(r: dict) -> str:
     if "first_call_s" not in r:
         return f"{r['model']:24s} FAILED  {r.get('error', '')}"
@@ -465,6 +478,7 @@ def _format(r: dict) -> str:
         f"graphs {r['graphs']} uncompiled {r['uncompiled']} breaks {r['graph_breaks']} "
         f"crossings {r['crossings']} replays {r.get('replays', 0)} host [{host}] "
         f"first {r['first_call_s']:.1f} s; {times}"
+        + (f"\n{'':24s} stages: {_stages(r['stages'])}" if r.get("stages") else "")
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
         + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
