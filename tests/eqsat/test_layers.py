@@ -1,7 +1,8 @@
 """saturn's import structure: no import cycle among the modules of ``saturn.eqsat`` and
 ``saturn.codegen``, nor among those of the device package ``saturn`` (imports inside
-functions included, which hide a cycle from Python but not from a reader); and the core
-imports neither torch nor the device package."""
+functions included, which hide a cycle from Python but not from a reader); the core
+imports neither torch nor the device package; and every import follows the layer order
+that ``[tool.saturn.layers]`` in pyproject.toml states."""
 
 from __future__ import annotations
 
@@ -74,3 +75,42 @@ def test_the_core_imports_neither_torch_nor_the_device():
         or (target.startswith("saturn") and not target.startswith(tuple(PACKAGES)))
     }
     assert not bad, bad
+
+
+def _layer_order() -> list[list[str]]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["saturn"]["layers"]["order"]
+
+
+def _layer_of(module: str, order: list[list[str]]) -> int | None:
+    """The index of ``module``'s layer: a name given exactly wins over a pattern."""
+    import fnmatch
+
+    for i, layer in enumerate(order):
+        if module in layer:
+            return i
+    for i, layer in enumerate(order):
+        for pat in layer:
+            if fnmatch.fnmatchcase(module, pat) or (pat.endswith(".*") and module == pat[:-2]):
+                return i
+    return None
+
+
+def test_every_import_follows_the_layer_order_in_pyproject():
+    """The contract ``[tool.saturn.layers]`` in pyproject.toml: every module of saturn has
+    a layer, and no module imports from a layer above its own."""
+    order = _layer_order()
+    g = import_graph({**DEVICE, **PACKAGES})
+    layer = {m: _layer_of(m, order) for m in g}
+    assert not [m for m, i in layer.items() if i is None], "modules in no layer"
+    upward = [(a, b) for a, b in g.edges if layer[b] < layer[a]]
+    assert not upward, f"imports from a layer above (module, import): {upward}"
+
+
+def test_the_layer_contract_declines_an_upward_import():
+    order = _layer_order()
+    assert _layer_of("saturn.eqsat.extract", order) > _layer_of("saturn.gpu_runner", order)
+    assert _layer_of("saturn.eqsat.driver", order) < _layer_of("saturn.codegen.cuda", order)
+    assert _layer_of("saturn.eager_matmul", order) == _layer_of("saturn._runtime", order)
+    assert _layer_of("saturn.nonexistent_module", order) is None
