@@ -81,6 +81,7 @@ def test_turned_off_it_writes_nothing(cache, monkeypatch):
     assert not compile_cache.enabled()
 
 
+@pytest.mark.slow
 def test_a_new_process_reuses_the_result(cache, tmp_path):
     script = textwrap.dedent(
         """

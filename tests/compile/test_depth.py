@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from saturn import backend
@@ -25,6 +26,7 @@ def _compile(fn, *inputs):
     return out
 
 
+@pytest.mark.slow
 def test_a_chain_of_5000_elementwise_ops():
     def chain(x):
         for i in range(5000):

@@ -23,7 +23,10 @@ _spec = importlib.util.spec_from_file_location(
 zoo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(zoo)
 
-MODELS = list(zoo.MODELS)
+# the CNNs whose tiny forms still take seconds each on two cores (marked slow: `-m "not
+# slow"` skips them in a quick run; CI runs everything)
+SLOW = {"densenet121", "resnet152", "mobilenet_v2", "swin_t", "regnet_y_400mf", "efficientnet_b0"}
+MODELS = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in zoo.MODELS]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import numpy as np
 import saturn.library as L
@@ -28,6 +30,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_library_kernels_under_the_cuda_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run(

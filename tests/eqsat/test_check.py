@@ -4,6 +4,8 @@ with the reason."""
 
 from __future__ import annotations
 
+import pytest
+
 from saturn.eqsat.check import check_files
 from saturn.eqsat.driver import main
 from saturn.eqsat.rules import RULES_DIR
@@ -36,6 +38,7 @@ def test_planted_unsound_rules_are_found_with_file_and_line(tmp_path, capsys):
     assert "COUNTEREXAMPLE sub-self" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_saturns_rules_pass_and_the_unchecked_say_why(capsys):
     report = check_files([RULES_DIR])
     assert report.counterexamples == []

@@ -55,6 +55,7 @@ def normalized(nb) -> list[list[tuple[str, str]]]:
     return cells
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_shows_what_it_prints(path):
     committed = nbformat.read(path, as_version=4)
