@@ -1,12 +1,28 @@
 """What the emitters produce and the builders consume: a generated kernel's module source,
-name, parameters and launch style. A leaf module (``cuda`` emits these, ``cubins`` builds
-them)."""
+name, parameters and launch style, and how each dtype sits in a kernel's memory. A leaf
+module (``cuda`` and ``movement`` emit these, ``cubins`` builds them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 THREADS = 256  # threads per block of the generated kernels
+
+NUMBA_SCALAR = {
+    "bool": "boolean",
+    "u8": "uint8",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "f32": "float32",
+    "f64": "float64",
+}
+
+
+# How each dtype sits in memory (pointer element types): bools are bytes; bfloat16, which
+# Numba has no type for, is the upper 16 bits of a float32 (codegen/halfbits.py).
+MEMORY_TYPE = {**NUMBA_SCALAR, "bool": "uint8", "f16": "float16", "bf16": "uint16"}
 
 
 @dataclass
