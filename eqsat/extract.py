@@ -492,20 +492,25 @@ def extract_shared(
         trial_forced = {**forced, **dict.fromkeys(group, "Ld")}
         own_backup = ex.own_vec.copy()
         got = ex.run(dict(best), ex.readers(group, best), trial_forced)
-        if all(r in got for r in roots) and program_cost(got, roots) < cost - 1e-9:
-            forced, best, cost = trial_forced, got, program_cost(got, roots)
+        got_cost = program_cost(got, roots) if all(r in got for r in roots) else math.inf
+        if got_cost < cost - 1e-9:
+            forced, best, cost = trial_forced, got, got_cost
             return True
         ex.own_vec = own_backup
         return False
 
     changed = False
+    groups: dict[tuple, list[int]] | None = None
     for _ in range(max_tries):
-        groups = candidates()
+        if groups is None:  # a rejected trial changes nothing: its candidates stay valid
+            groups = candidates()
         if not groups:
             break
-        _, group = max(groups.items(), key=lambda kv: (kv[0][0], len(kv[1])))
+        key, group = max(groups.items(), key=lambda kv: (kv[0][0], len(kv[1])))
+        del groups[key]
         tried.update(group)
-        changed |= trial(group)
+        if trial(group):
+            changed, groups = True, None  # readers and savings changed with the program
     if changed:  # the choices above the materialised bodies, on their new costs
         best = ex.run(best, list(ex.ids), forced)
         _check_roots(best, roots)
