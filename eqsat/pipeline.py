@@ -13,16 +13,15 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
 from .graph import Graph
-from .ownership import OutputOwnership, output_ownership
-from .program import (
-    Program,
+from .kernel_fusion import (
     fuse_row_takes,
     fuse_rows,
     inline_row_producers,
-    lower,
     merge_concats,
     reuse_written,
 )
+from .ownership import OutputOwnership, output_ownership
+from .program import Program, lower
 from .schema import half_facts
 
 

@@ -127,7 +127,8 @@ def test_reading_a_half_value_declines_where_the_store_rounds():
     """A bfloat16 loop whose body is not rounded to bfloat16 in the expression (here a float32
     sum) is rounded when written: the written value is not the recomputed one, so a second
     loop recomputing the sum keeps recomputing it."""
-    from saturn.eqsat.program import Kernel, Operand, Program, Step, reuse_written
+    from saturn.eqsat.kernel_fusion import reuse_written
+    from saturn.eqsat.program import Kernel, Operand, Program, Step
 
     x = Operand("x", "bf16", (8, 32), "same")
     y = Operand("y", "bf16", (8, 32), "same")
@@ -147,7 +148,8 @@ def test_reading_a_half_value_declines_where_the_store_rounds():
 def test_reading_the_written_value_declines_where_it_reads_more():
     """A second loop recomputing a cheap broadcast expression (a row's bias times a scalar)
     keeps recomputing it: reading the written full-size value would read more bytes."""
-    from saturn.eqsat.program import Kernel, Operand, Program, Step, reuse_written
+    from saturn.eqsat.kernel_fusion import reuse_written
+    from saturn.eqsat.program import Kernel, Operand, Program, Step
 
     def loop(out, inputs, body):
         k = Kernel("loop", out, "f32", (8, 32), inputs, body, (8, 32))

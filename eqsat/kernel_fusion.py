@@ -1,0 +1,449 @@
+"""Kernel fusion on a lowered GPU program: passes from a Program to a Program that join
+kernels the e-graph's terms keep apart. A loop whose only reader is a rows kernel runs
+inside it, a kernel re-reads what another already wrote instead of recomputing it, a take
+feeding a rows kernel becomes its row index, and concatenation trees become one kernel.
+Each pass keeps the program's values (checked by ``validate`` and the evaluator's tests)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from saturn.eqsat import optable as ot
+
+from .program import (
+    MAX_CONCAT,
+    ROW_FLOATS,
+    ROWS_MAX,
+    TAKE_TABLES,
+    Expr,
+    Kernel,
+    Operand,
+    Program,
+    Stage,
+    Step,
+    renumber,
+    validate,
+)
+
+
+def merge_concats(prog: Program) -> Program:
+    """A concatenation kernel that reads another along the same axis copies that one's
+    pieces itself (up to MAX_CONCAT pieces), and one that nothing reads any more (nor is an
+    output) is dropped: the balanced tree of two-operand concatenations a many-piece
+    ``cat`` imports as (decision 0039) becomes one kernel that copies each element once,
+    where the tree copied it once per level (DenseNet's growing feature maps: four or five
+    times). A piece shared by several trees is read by each from its own pieces: the same
+    bytes as reading it. Exact: each output element is still a copy of the same input
+    element."""
+    by_output = {st.output: st for st in prog.steps}
+    merged: list[tuple[Kernel, Kernel]] = []  # (reader, the concatenation it copied from)
+    for st in prog.steps:  # producers first: a merged piece is already flat
+        k = st.kernel
+        if k is None or k.kind != "concat":
+            continue
+        pieces: list[Operand] = []
+        for i, o in enumerate(k.inputs):
+            src = by_output.get(o.value)
+            inner = src.kernel if src is not None else None
+            rest = len(k.inputs) - i - 1
+            if (
+                inner is not None
+                and inner.kind == "concat"
+                and inner.attrs["dim"] == k.attrs["dim"]
+                and o.indexing == "strided"
+                and tuple(o.shape) == tuple(inner.shape)
+                and len(pieces) + len(inner.inputs) + rest <= MAX_CONCAT
+            ):
+                pieces += [replace(p) for p in inner.inputs]  # inner may stay: copies
+                merged.append((k, inner))
+            else:
+                pieces.append(o)
+        if len(pieces) != len(k.inputs):
+            k.inputs = pieces
+            st.args = tuple(o.value for o in pieces)
+    if not merged:
+        return prog
+    used = set(prog.outputs)
+    kept: list[Step] = []
+    for st in reversed(prog.steps):  # readers first: a dropped one frees its pieces
+        k = st.kernel
+        if k is not None and k.kind == "concat" and st.output not in used:
+            continue
+        used.update(st.args)
+        kept.append(st)
+    for k, inner in merged:  # what a dropped one wrote is now computed inside its reader
+        if inner.output not in used:
+            k.fused += [n for n in inner.covers + inner.fused if n not in k.fused]
+    out = renumber(Program(kept[::-1], prog.outputs, prog.inputs))
+    validate(out)
+    return out
+
+
+def reuse_written(prog: Program) -> Program:
+    """A loop or reduction whose body recomputes, element for element, what an earlier loop
+    writes (same body over the same operands, read the same way, over the same domain)
+    reads that loop's output instead, where that reads fewer bytes. Extraction pays each
+    shared value once per program, so it sees re-reading a loop's operands inside another
+    kernel as free and inlines the producer again (the encoder's second layer norm
+    recomputing the first); this pass undoes that after the fact. Exact: the written value
+    is the graph's value for that node, the one the recomputation approximates. It also
+    frees the producer's own reductions (read now by the producer alone) for ``fuse_rows``.
+    GPU programs (run before ``fuse_rows``). Float32 and float64 producers, and narrower
+    ones whose body ends in the rounding to their own type (the half types' ops, placed
+    with their rounding): any other narrower output is rounded when written, which a
+    recomputation would not be."""
+    patterns: dict[tuple, Step] = {}  # (domain, canonical body) -> the loop writing it
+    for s in prog.steps:
+        k = s.kernel
+        if k is None:
+            continue
+        if k.kind in ("loop", "reduce") and patterns:
+            _read_written(s, patterns)
+        if (
+            k.kind == "loop"
+            and (k.dtype in ("f32", "f64") or (k.body[0] == "cast" and k.body[2] == k.dtype))
+            and k.body[0] not in ("in", "stage", "const")
+            and tuple(k.shape) == tuple(k.domain)
+        ):
+            patterns.setdefault((tuple(k.domain), _canonical(k)), s)
+    return prog
+
+
+def _canonical(k: Kernel) -> Expr:
+    """The body with each operand leaf replaced by what it reads: (value, indexing)."""
+    return _remap(k.body, {i: ("ref", o.value, o.indexing) for i, o in enumerate(k.inputs)})
+
+
+def _read_written(s: Step, patterns: dict[tuple, Step]) -> None:
+    k = s.kernel
+    dom = tuple(k.domain)
+    found: list[Step] = []
+
+    def sub(e: Expr) -> Expr:
+        p = patterns.get((dom, e))
+        if p is not None and p.output != s.output:
+            found.append(p)
+            return ("ref", p.output, "same")
+        if e[0] in ("ref", "const", "stage"):
+            return e
+        if e[0] == "cast":
+            return ("cast", sub(e[1]), e[2])
+        return (e[0], *(sub(c) for c in e[1:]))
+
+    body = sub(_canonical(k))
+    if not found:
+        return
+    refs: list[tuple[str, str]] = []
+
+    def collect(e: Expr) -> None:
+        if e[0] == "ref":
+            if (e[1], e[2]) not in refs:
+                refs.append((e[1], e[2]))
+        elif e[0] == "cast":
+            collect(e[1])
+        elif e[0] not in ("const", "stage"):
+            for c in e[1:]:
+                collect(c)
+
+    collect(body)
+    old = {(o.value, o.indexing): o for o in k.inputs}
+    written = {p.output: p for p in found}
+    operands = [
+        old.get(r) or Operand(r[0], written[r[0]].kernel.dtype, written[r[0]].kernel.shape, "same")
+        for r in refs
+    ]
+    if _operand_bytes(operands) >= _operand_bytes(k.inputs):
+        return
+    table = {r: ("in", i) for i, r in enumerate(refs)}
+
+    def bind(e: Expr) -> Expr:
+        if e[0] == "ref":
+            return table[(e[1], e[2])]
+        if e[0] in ("const", "stage"):
+            return e
+        if e[0] == "cast":
+            return ("cast", bind(e[1]), e[2])
+        return (e[0], *(bind(c) for c in e[1:]))
+
+    inside = {n for p in found for n in p.kernel.covers + p.kernel.fused}
+    k.body = bind(body)
+    k.inputs = operands
+    k.fused = [n for n in k.fused if n not in inside]
+    s.args = tuple(o.value for o in operands)
+
+
+def _operand_bytes(ops: list[Operand]) -> int:
+    seen = {(o.value, o.indexing): o for o in ops}
+    return sum(math.prod(o.shape) * ot.ITEMSIZE[o.dtype] for o in seen.values())
+
+
+def _remap(e: Expr, table: dict[int, Expr]) -> Expr:
+    if e[0] == "in":
+        return table[e[1]]
+    if e[0] in ("const", "stage"):
+        return e
+    if e[0] == "cast":
+        return ("cast", _remap(e[1], table), e[2])
+    return (e[0], *(_remap(c, table) for c in e[1:]))
+
+
+def _row_stage(s: Step | None, domain: tuple[int, ...]) -> bool:
+    """Whether ``s`` is a reduction a rows kernel over ``domain`` can compute: along the
+    last axis only, kept as a size-1 axis, float accumulation."""
+    k = s.kernel if s is not None else None
+    return (
+        k is not None
+        and k.kind == "reduce"
+        and tuple(k.domain) == domain
+        and list(k.attrs["dims"]) == [len(domain) - 1]
+        and k.attrs["keepdim"] == 1
+        and k.attrs.get("acc_dtype", k.dtype) in ROW_FLOATS
+        and k.dtype in ROW_FLOATS
+    )
+
+
+def _rows_step(s: Step, order: list[Step]) -> Step:
+    """The rows kernel computing loop step ``s`` with the reductions ``order`` as stages."""
+    k = s.kernel
+    stage_of = {st.output: j for j, st in enumerate(order)}
+    operands: list[Operand] = []
+    slot: dict[str, int] = {}
+
+    def table(kern: Kernel) -> dict[int, Expr]:
+        t = {}
+        for i, o in enumerate(kern.inputs):
+            if o.value in stage_of:
+                t[i] = ("stage", stage_of[o.value])
+                continue
+            if o.value not in slot:
+                slot[o.value] = len(operands)
+                operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
+            t[i] = ("in", slot[o.value])
+        return t
+
+    stages, inside = [], list(k.fused)
+    for st in order:
+        r = st.kernel
+        acc = r.attrs.get("acc_dtype", r.dtype)
+        stages.append(Stage(r.attrs["reduce"], _remap(r.body, table(r)), r.epilogue, acc, r.dtype))
+        inside += r.covers + r.fused
+    body = _remap(k.body, table(k))
+    rows = Kernel(
+        "rows",
+        s.output,
+        k.dtype,
+        k.shape,
+        operands,
+        body,
+        k.domain,
+        {},  # the stages reduce the domain's last axis
+        list(k.covers),
+        inside,
+        stages=stages,
+    )
+    args = tuple(o.value for o in operands)
+    return Step(
+        "kernel",
+        s.output,
+        "rows",
+        args,
+        dtype=s.dtype,
+        shape=s.shape,
+        place=s.place,
+        kernel=rows,
+        covers=rows.covers,
+    )
+
+
+def fuse_rows(prog: Program) -> Program:
+    """Merge a loop with the last-axis reductions it reads per row (softmax's max and sum,
+    layer norm's mean and variance) into one ``rows`` kernel: a warp or a block takes a row,
+    computes the reductions in order and then the loop's body, so the row is read from memory once
+    and the reduced values never are. Exact: each reduction runs the same scalar body over
+    the same elements and combines them in one of the orders a reduction kernel may use;
+    the loop then reads those values. A reduction joins only when everything that reads it
+    is in the group (it would otherwise still be written for the others) and when it is
+    not an output. Special values take the same path as in separate kernels (max and min
+    propagate NaN; sums of infinities give what the same additions give). Float stages
+    only: integer reductions keep their own kernels, which widen as PyTorch does. GPU
+    programs only (the CPU emitter has no rows kernel)."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    outputs = set(prog.outputs)
+    by_output = {s.output: s for s in prog.steps}
+    gone: set[str] = set()
+    fused: dict[str, Step] = {}
+    for s in prog.steps:
+        k = s.kernel
+        if k is None or k.kind != "loop" or not k.domain or k.domain[-1] > ROWS_MAX:
+            continue
+        dom = tuple(k.domain)
+        group: set[str] = set()
+        todo = [o.value for o in k.inputs if o.indexing == "leading"]
+        while todo:
+            v = todo.pop()
+            r = by_output.get(v)
+            if v in group or v in gone or not _row_stage(r, dom):
+                continue
+            group.add(v)
+            todo += [o.value for o in r.kernel.inputs if o.indexing == "leading"]
+        changed = True
+        while changed:  # drop reductions read from outside the group
+            changed = False
+            for v in sorted(group):
+                if v in outputs or not users.get(v, set()) <= group | {s.output}:
+                    group.discard(v)
+                    changed = True
+        if not group:
+            continue
+        order = [st for st in prog.steps if st.output in group]
+        fused[s.output] = _rows_step(s, order)
+        gone |= group
+    if not fused:
+        return prog
+    steps = [fused.get(s.output, s) for s in prog.steps if s.output not in gone]
+    out = renumber(Program(steps, prog.outputs, prog.inputs))
+    validate(out)
+    return out
+
+
+def inline_row_producers(prog: Program) -> Program:
+    """A loop over a rows kernel's own domain, read by that rows kernel alone (a residual
+    add before a layer norm), is computed inside it instead of written and read back: its
+    body replaces the operand in every stage and in the body, over its own operands (read
+    the same way, the domains being equal). Where the row fits in registers the rows
+    kernel loads those operands once per row (``codegen.cuda.row_cache``); the loop's
+    output never goes through memory. Exact: the body is the same scalar expression the
+    loop stored, in the same type (float32 and float64 loops only: a narrower loop rounds
+    when it stores, which the inlined value would not). GPU programs (after ``fuse_rows``)."""
+    return _into_rows(prog, _inline_into)
+
+
+def _into_rows(prog: Program, absorb: Callable[..., set[str]]) -> Program:
+    """Let ``absorb(step, by_output, users, outputs)`` take producers into each rows step
+    (what reads each value, and the program's outputs, as they were before the pass); the
+    producers it returns are dropped."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    outputs = set(prog.outputs)
+    by_output = {s.output: s for s in prog.steps}
+    gone: set[str] = set()
+    for s in prog.steps:
+        if s.kernel is not None and s.kernel.kind == "rows":
+            gone |= absorb(s, by_output, users, outputs)
+    if not gone:
+        return prog
+    out = renumber(
+        Program([s for s in prog.steps if s.output not in gone], prog.outputs, prog.inputs)
+    )
+    validate(out)
+    return out
+
+
+def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
+    """Inline into rows step ``s`` the loops only it reads (``inline_row_producers``);
+    the inlined steps' outputs."""
+    k = s.kernel
+    dom = tuple(k.domain)
+    operands: list[Operand] = []
+    slot: dict[tuple[str, str], int] = {}
+
+    def add(o: Operand) -> Expr:
+        key = (o.value, o.indexing)
+        if key not in slot:
+            slot[key] = len(operands)
+            operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
+        return ("in", slot[key])
+
+    table: dict[int, Expr] = {}
+    inlined: list[Step] = []
+    for i, o in enumerate(k.inputs):
+        p = by_output.get(o.value)
+        pk = p.kernel if p is not None else None
+        if (
+            o.indexing == "same"
+            and pk is not None
+            and pk.kind == "loop"
+            and pk.dtype in ROW_FLOATS
+            and tuple(pk.domain) == dom
+            and tuple(pk.shape) == dom
+            and o.value not in outputs
+            and users.get(o.value) == {s.output}
+        ):
+            table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
+            inlined.append(p)
+        else:
+            table[i] = add(o)
+    if not inlined:
+        return set()
+    k.stages = [replace(st, body=_remap(st.body, table)) for st in k.stages]
+    k.body = _remap(k.body, table)
+    k.inputs = operands
+    k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
+    s.args = tuple(o.value for o in operands)
+    return {p.output for p in inlined}
+
+
+def fuse_row_takes(prog: Program) -> Program:
+    """A row take (an embedding's token rows) read by one rows kernel alone is read inside
+    it: the rows kernel reads row ``index[row]`` of the table where it read the taken
+    tensor, so the taken rows never go through memory and the take's launch is gone.
+    The operand becomes the table (indexing ``table``) and the index joins as an operand
+    read once per row (``rowindex``); ``attrs["take"]`` names both slots. An index out of
+    range reads nothing: the row's values are zeros and the kernel sets the error word,
+    as the take kernel does. Moves bits exactly as the take would have (both zeros,
+    infinities and NaN payloads), so the rows kernel computes what it computed before.
+    Only where the table and the index are packed (not views: a view's layout is known
+    only at the call), the table has the row's length and the index one entry per row.
+    GPU programs (after ``inline_row_producers``); one take per rows kernel."""
+    return _into_rows(prog, _take_into)
+
+
+def _take_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
+    """Read in rows step ``s`` the first take only it reads (``fuse_row_takes``); the
+    take's step, or nothing."""
+    k = s.kernel
+    if "take" in k.attrs or not k.domain:
+        return set()
+    for i, o in enumerate(k.inputs):
+        p = by_output.get(o.value)
+        if o.indexing != "same" or p is None or not _fusable_take(p, k, by_output):
+            continue
+        if o.value in outputs or users.get(o.value) != {s.output}:
+            continue
+        table, index = p.kernel.inputs
+        k.inputs[i] = Operand(table.value, table.dtype, tuple(table.shape), "table")
+        k.inputs.append(Operand(index.value, index.dtype, tuple(index.shape), "rowindex"))
+        k.attrs = {**k.attrs, "take": (i, len(k.inputs) - 1)}
+        k.fused = [*k.fused, *p.kernel.covers, *p.kernel.fused]
+        s.args = tuple(dict.fromkeys(op.value for op in k.inputs))
+        return {p.output}
+    return set()
+
+
+def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
+    """Whether gather step ``p`` can be read inside rows kernel ``k`` (``fuse_row_takes``)."""
+    pk = p.kernel
+    if pk is None or pk.kind != "gather":
+        return False
+    table, index = pk.inputs
+    dom = tuple(k.domain)
+    made = ("input", "kernel", "crossing", "const")  # packed, unlike a view
+    packed = all(
+        by_output.get(v) is not None and by_output[v].kind in made
+        for v in (table.value, index.value)
+    )
+    return (
+        packed
+        and table.dtype in TAKE_TABLES
+        and len(table.shape) == 2
+        and table.shape[1] == dom[-1]
+        and math.prod(index.shape) == math.prod(dom[:-1])
+        and tuple(pk.shape) == dom
+    )
