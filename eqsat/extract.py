@@ -453,11 +453,10 @@ def _references(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> 
 def extract_shared(
     view: EGraphView, model: CostModel, roots: list[int], max_tries: int = 64
 ) -> dict[int, Choice]:
-    """Greedy extraction, then a pass over shared loop bodies: a body recomputed by several
-    readers (Inline) is tried materialised once (Ld) and kept so if the whole program gets
-    cheaper. Greedy choice alone cannot see this: each reader decides by itself. Only bodies
-    whose repeated arithmetic could pay for a launch and a round trip through memory are
-    tried, and each trial re-extracts only the classes above the changed one."""
+    """Greedy extraction, then shared loop bodies recomputed by several readers (Inline)
+    tried materialised once (Ld), kept where the program gets cheaper (each reader alone
+    cannot see it); only bodies whose repeated arithmetic could pay for a launch are tried
+    (decision 0079: grouped across layers, re-choosing only what a trial changes)."""
     ex = _Extractor(view, model)
     forced: dict[int, str] = {}
     best = ex.run({}, list(ex.ids), forced)
@@ -472,10 +471,8 @@ def extract_shared(
         for c, n in _references(view, best, roots).items():
             if n < 2 or c in tried or best[c].enode.op != "Inline":
                 continue
-            ld = [en for en in view.classes[c] if en.op == "Ld"]
-            if not ld:
-                continue
-            t = model.types.get(ld[0].kids[0])
+            ld = next((en for en in view.classes[c] if en.op == "Ld"), None)
+            t = model.types.get(ld.kids[0]) if ld is not None else None
             saving = (n - 1) * best[c].tree
             if t is None or saving <= model.machine.launch_us:
                 continue
@@ -506,8 +503,7 @@ def extract_shared(
             groups = candidates()
         if not groups:
             break
-        key, group = max(groups.items(), key=lambda kv: (kv[0][0], len(kv[1])))
-        del groups[key]
+        group = groups.pop(max(groups, key=lambda k: (k[0], len(groups[k]))))
         tried.update(group)
         if trial(group):
             changed, groups = True, None  # readers and savings changed with the program
