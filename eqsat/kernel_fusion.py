@@ -257,6 +257,15 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
     )
 
 
+def _users(prog: Program) -> dict[str, set[str]]:
+    """value -> the steps that read it."""
+    users: dict[str, set[str]] = {}
+    for s in prog.steps:
+        for v in s.args:
+            users.setdefault(v, set()).add(s.output)
+    return users
+
+
 def fuse_rows(prog: Program) -> Program:
     """Merge a loop with the last-axis reductions it reads per row (softmax's max and sum,
     layer norm's mean and variance) into one ``rows`` kernel: a warp or a block takes a row,
@@ -269,10 +278,7 @@ def fuse_rows(prog: Program) -> Program:
     propagate NaN; sums of infinities give what the same additions give). Float stages
     only: integer reductions keep their own kernels, which widen as PyTorch does. GPU
     programs only (the CPU emitter has no rows kernel)."""
-    users: dict[str, set[str]] = {}
-    for s in prog.steps:
-        for v in s.args:
-            users.setdefault(v, set()).add(s.output)
+    users = _users(prog)
     outputs = set(prog.outputs)
     by_output = {s.output: s for s in prog.steps}
     gone: set[str] = set()
@@ -327,10 +333,7 @@ def _into_rows(prog: Program, absorb: Callable[..., set[str]]) -> Program:
     """Let ``absorb(step, by_output, users, outputs)`` take producers into each rows step
     (what reads each value, and the program's outputs, as they were before the pass); the
     producers it returns are dropped."""
-    users: dict[str, set[str]] = {}
-    for s in prog.steps:
-        for v in s.args:
-            users.setdefault(v, set()).add(s.output)
+    users = _users(prog)
     outputs = set(prog.outputs)
     by_output = {s.output: s for s in prog.steps}
     gone: set[str] = set()
