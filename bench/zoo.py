@@ -16,7 +16,8 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   first call  wall time of the first compiled call (compile included)
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
               on a GPU, Inductor (default mode; its first call too), all in the same process;
-              with --jobs N models compile side by side but are timed one at a time
+              with --jobs N models compile side by side and are timed one at a time,
+              every other model paused (_slot)
   memory      peak device memory of saturn's and eager's calls, and what saturn's runners
               hold: the memory plan's arenas and the library plans' workspaces (GPU only)
 
@@ -260,20 +261,95 @@ def _timed(fn, args, sync, repeats: int = REPEATS) -> float:
 
 
 @contextlib.contextmanager
-def _timing_slot():
-    """Held while a model's calls are timed: with ``--jobs`` above one the driver names a
-    lock file (``ZOO_TIMING_LOCK``) so that models compile side by side but are timed one
-    at a time, each alone on the GPU."""
+def _slot(exclusive: bool):
+    """With ``--jobs`` above one the driver names a lock file (``ZOO_TIMING_LOCK``): a
+    model builds, compiles and checks itself holding it shared, beside the others, and is
+    timed holding it alone (``exclusive``), so no other model's compile or first run shares
+    the GPU or the host with a timed call. A gate file beside it lets a waiting timer in
+    first: shared holders queue behind it instead of starving it."""
     path = os.environ.get("ZOO_TIMING_LOCK")
     if not path:
         yield
         return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with open(path + ".gate", "a") as gate, open(path, "a") as f:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build(name: str, size: str):
+    """The model (eval mode, seeded weights) and its inputs; TF32 off. The same in every
+    process that builds it (a training run's reference process builds it again)."""
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, inputs = MODELS[name](size)
+    model = model.eval()
+    with torch.no_grad():  # a zero-initialised head (timm's) would make the comparison vacuous
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                torch.nn.init.normal_(p, std=0.02)
+    return model, inputs
+
+
+def moved(model, inputs, device, dtype):
+    """A copy of the model and its inputs on ``device``, floating point in ``dtype``."""
+    import copy
+
+    m = copy.deepcopy(model).to(device)
+    if dtype != torch.float32:
+        m = m.to(dtype)
+    xs = tuple(x.to(device).to(dtype) if x.is_floating_point() else x.to(device) for x in inputs)
+    return m, xs
+
+
+def _training():
+    """bench/zoo_training.py, beside this file."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import zoo_training
+
+    return zoo_training
+
+
+def _self():
+    """This module, however it was loaded (a script, ``import zoo``, a test's spec)."""
+    return sys.modules[__name__]
+
+
+def graph_stats(backend, before_graphs: set, before_fb: int) -> tuple[list, dict]:
+    """The graphs compiled since ``before_graphs`` and what they say: graphs, graphs run
+    uncompiled (with reasons), graph breaks, host ops by name, crossings, compile stages."""
+    new = [cg for k, cg in backend.CACHE.items.items() if k not in before_graphs]
+    fallbacks = backend.CACHE.fallbacks[before_fb:]
+    host: dict[str, int] = {}
+    crossings = 0
+    stages: dict[str, float] = {}
+    for cg in new:
+        prog = cg.compiled.program
+        crossings += prog.count("crossing")
+        for s in prog.steps:
+            if s.kind == "host":
+                op = s.op.split("#")[0]  # an opaque op's target, not its node name
+                host[op] = host.get(op, 0) + 1
+        # where the first call's compile time went (the rest of it is Dynamo, AOTAutograd
+        # and the run itself)
+        for k, v in cg.compiled.stages.seconds.items():
+            stages[k] = stages.get(k, 0.0) + v
+    return new, {
+        "graphs": len(new),
+        "uncompiled": len(fallbacks),
+        "reasons": sorted(set(fallbacks))[:5],
+        "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
+        "host_ops": host,
+        "crossings": crossings,
+        "stages": {k: round(v, 2) for k, v in stages.items()},
+    }
 
 
 def run_one(
@@ -283,33 +359,25 @@ def run_one(
     size: str,
     repeats: int = REPEATS,
     baselines: str = "all",
+    training: bool = False,
 ) -> dict:
-    """One model's row. ``baselines``: "all" (eager and Inductor), "eager" or "none"."""
-    import copy
-
+    """One model's row. ``baselines``: "all" (eager and Inductor), "eager" or "none";
+    ``training``: one training step's row (bench/zoo_training.py) instead of inference."""
+    if training:
+        return _training().run(_self(), name, device, dtype_name, size, repeats, baselines)
     import saturn  # noqa: F401
     from saturn import backend
 
-    torch.manual_seed(0)
+    shared = contextlib.ExitStack()  # building, compiling, checking: beside other models
+    shared.enter_context(_slot(exclusive=False))
     dtype = getattr(torch, dtype_name)
     gpu = device != "saturn:0"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    model, inputs = MODELS[name](size)
-    model = model.eval()
-    with torch.no_grad():  # a zero-initialised head (timm's) would make the comparison vacuous
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.any():
-                torch.nn.init.normal_(p, std=0.02)
+    model, inputs = build(name, size)
     ref_dev = "cuda" if gpu else "cpu"
     row: dict = {"model": name, "device": device, "dtype": dtype_name, "size": size}
 
     def on(dev, dt):
-        m = copy.deepcopy(model).to(dev)
-        if dt != torch.float32:
-            m = m.to(dt)
-        xs = tuple(x.to(dev).to(dt) if x.is_floating_point() else x.to(dev) for x in inputs)
-        return m, xs
+        return moved(model, inputs, dev, dt)
 
     with torch.no_grad():
         m32, x32 = on(ref_dev, torch.float32)
@@ -337,32 +405,8 @@ def run_one(
     except Exception as e:
         row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:300]}")
         return row
-    fallbacks = backend.CACHE.fallbacks[before_fb:]
-    new = [cg for k, cg in backend.CACHE.items.items() if k not in before_graphs]
-    host = {}
-    crossings = 0
-    for cg in new:
-        prog = cg.compiled.program
-        crossings += prog.count("crossing")
-        for s in prog.steps:
-            if s.kind == "host":
-                op = s.op.split("#")[0]  # an opaque op's target, not its node name
-                host[op] = host.get(op, 0) + 1
-    row.update(
-        graphs=len(new),
-        uncompiled=len(fallbacks),
-        reasons=sorted(set(fallbacks))[:5],
-        graph_breaks=sum(torch._dynamo.utils.counters["graph_break"].values()),
-        host_ops=host,
-        crossings=crossings,
-    )
-    # where the first call's compile time went: saturn's stages summed over its graphs (the
-    # rest of the first call is Dynamo, AOTAutograd and the run itself)
-    stages: dict[str, float] = {}
-    for cg in new:
-        for k, v in cg.compiled.stages.seconds.items():
-            stages[k] = stages.get(k, 0.0) + v
-    row["stages"] = {k: round(v, 2) for k, v in stages.items()}
+    new, stats = graph_stats(backend, before_graphs, before_fb)
+    row.update(stats)
     err = (
         (got - eager_out.cpu() if dtype == torch.float32 else got - want32.cpu()).abs().max().item()
     )
@@ -387,7 +431,8 @@ def run_one(
         except Exception as e:
             ind = None
             row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    with _timing_slot():
+    shared.close()
+    with _slot(exclusive=True):
         row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
         if baselines != "none":
             row["eager_s"] = _timed(m_e, x_e, sync_ref, repeats)
@@ -458,7 +503,7 @@ def _stages(stages: dict[str, float]) -> str:
 
 
 def _format(r: dict) -> str:
-    if "first_call_s" not in r:
+    if "first_call_s" not in r or isinstance(r.get("error"), str):
         return f"{r['model']:24s} FAILED  {r.get('error', '')}"
     host = ", ".join(f"{k} x{v}" for k, v in sorted(r.get("host_ops", {}).items())) or "-"
     times = f"saturn {r['saturn_s'] * 1e3:.2f} ms"
@@ -486,7 +531,7 @@ def _format(r: dict) -> str:
 
 def _child(name: str, a: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--device", a.device]
-    cmd += ["--dtype", a.dtype, "--size", a.size]
+    cmd += ["--dtype", a.dtype, "--size", a.size] + (["--training"] if a.training else [])
     cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
@@ -520,17 +565,26 @@ def main() -> None:
         help="what saturn is timed against: eager and Inductor, eager only, nothing",
     )
     ap.add_argument("--no-baselines", action="store_true", help="the same as --baselines none")
+    ap.add_argument(
+        "--training",
+        action="store_true",
+        help="time and check one training step (forward, loss, backward, SGD) instead of "
+        "inference (bench/zoo_training.py)",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    baselines = "none" if a.no_baselines else a.baselines
+    if a.reference:  # a training row's reference: its own process, saturn never imported
+        _training().main_reference(_self(), a.reference, a.device, a.dtype, a.size, baselines)
+        return
     if a.child:
-        row = run_one(
-            a.child, a.device, a.dtype, a.size, baselines="none" if a.no_baselines else a.baselines
-        )
+        row = run_one(a.child, a.device, a.dtype, a.size, baselines=baselines, training=a.training)
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)
-    if a.jobs > 1:  # compile side by side, time one model at a time (_timing_slot)
+    if a.jobs > 1:  # compile side by side, time one model at a time, alone (_slot)
         lock = tempfile.NamedTemporaryFile(prefix="zoo-timing-", suffix=".lock", delete=False)
         os.environ["ZOO_TIMING_LOCK"] = lock.name
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
@@ -538,8 +592,8 @@ def main() -> None:
         for r in pool.map(lambda n: _child(n, a), names):
             rows.append(r)
             print(_format(r), flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+            if a.json:  # after every row: a run cut short keeps what it measured
+                Path(a.json).write_text(json.dumps(rows, indent=1))
     print(summary(rows))
 
 

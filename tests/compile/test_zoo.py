@@ -7,6 +7,7 @@ dtypes; and one training step of a CNN, an encoder and a decoder with its cache.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ _spec = importlib.util.spec_from_file_location(
     "saturn_zoo", Path(__file__).resolve().parents[2] / "bench" / "zoo.py"
 )
 zoo = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = zoo  # as an import would: the zoo hands itself to its training rows
 _spec.loader.exec_module(zoo)
 
 # the CNNs whose tiny forms still take seconds each on two cores (marked slow: `-m "not
@@ -76,3 +78,22 @@ def test_zoo_training_step_on_saturn0(name):
     for (n, p), q in zip(mine.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=n)
     torch._dynamo.reset()
+
+
+def test_zoo_training_rows_compare_with_a_reference_process():
+    """``bench/zoo.py --training``: saturn's step against eager's, computed in a process that
+    never imports saturn (on a GPU, CUDA autograd). Both graphs (forward and backward)
+    compiled, the losses and gradient norms equal to eager CPU's."""
+    row = zoo.run_one("resnet18", "saturn:0", "float32", "tiny", repeats=1, training=True)
+    assert row.get("correct"), row
+    assert row["graphs"] == 2 and row["uncompiled"] == 0 and row["failed_calls"] == [], row
+    assert 0 <= row["error"] <= 1e-4 and "eager_s" in row, row
+    torch._dynamo.reset()
+
+
+def test_zoo_training_error_sees_a_difference():
+    training = zoo._training()
+    want = [2.0, 1.5, 0.25, 4.0]
+    assert training.error(want, want) == 0.0
+    assert training.error([2.0, 1.5, 0.25, 4.004], want) == pytest.approx(1e-3)
+    assert training.error([2.0, float("nan"), 0.25, 4.0], want) != training.error(want, want)
