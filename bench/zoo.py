@@ -23,7 +23,9 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
 
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
-                        [--baselines all|eager|none] [--no-baselines]
+                        [--baselines all|eager|none] [--no-baselines] [--training]
+
+--training checks and times one training step instead (bench/zoo_training.py).
 """
 
 from __future__ import annotations
