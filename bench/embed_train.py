@@ -58,9 +58,9 @@ def saturn_step(
     name: str, host_adds: bool, profile: bool = False
 ) -> tuple[float, float, int, list]:
     import saturn  # noqa: F401
-    from saturn import backend, importer
+    from saturn import backend, import_core
 
-    handlers = importer._HANDLERS
+    handlers = import_core.HANDLERS
     kept = handlers.pop("aten.index_put.default") if host_adds else None
     try:
         model, x = make(name)
