@@ -22,6 +22,7 @@ import torch
 
 import saturn  # noqa: F401
 from saturn.codegen import cuda as cg
+from saturn.codegen import cuda_reads
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 
@@ -84,16 +85,16 @@ def main() -> None:
     shapes, strides = [(n,)] * 3, [(1,)] * 3
     ptrs = [sa.data_ptr(), sb.data_ptr(), sc.data_ptr()]
     sweep = {}
-    default = (cg.VECTOR, cg.BLOCKS_PER_SM)
+    default = (cuda_reads.VECTOR, cuda_reads.BLOCKS_PER_SM)
     for vector, bpm in ((False, 32), (True, 4), (True, 8), (True, 16), (True, 32), (True, 1 << 20)):
-        cg.VECTOR, cg.BLOCKS_PER_SM = vector, bpm
+        cuda_reads.VECTOR, cuda_reads.BLOCKS_PER_SM = vector, bpm
         with torch.saturn.device(GPU):
             variant = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
         sweep[(vector, bpm)] = events_ms(
             lambda v=variant: v.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream
         )
     best = min(sweep, key=sweep.get)
-    cg.VECTOR, cg.BLOCKS_PER_SM = default
+    cuda_reads.VECTOR, cuda_reads.BLOCKS_PER_SM = default
     t_sat = events_ms(lambda: kern.launch(sh, out.data_ptr(), ptrs, shapes, strides), stream)
     err = (out.cpu() - chain(a, b, c).cpu()).abs().max().item()
     bytes_chain = 4 * n * 4

@@ -55,6 +55,7 @@ def _install_warp_shuffle() -> None:
 _install_warp_shuffle()
 
 from saturn.codegen import cuda as cg  # noqa: E402
+from saturn.codegen import cuda_reads, cuda_rows  # noqa: E402
 from saturn.eqsat import evaluate as ev  # noqa: E402
 from saturn.eqsat import optable as ot  # noqa: E402
 from saturn.eqsat.graph import parse_graph  # noqa: E402
@@ -787,7 +788,7 @@ def run_fused_takes() -> int:
         want = ev.eval_graph(graph, inputs)[0]
         by_input = {v: k for k, v in prog.inputs.items()}
         for tag, (warp_min, registers, cache_bytes) in forms.items():
-            cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = (
+            cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES = (
                 warp_min,
                 registers,
                 cache_bytes,
@@ -801,7 +802,7 @@ def run_fused_takes() -> int:
             ok = err[0] == 0 and np.allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
             print(f"{'ok' if ok else 'FAIL'} fused take {name}{tag}")
             failures += not ok
-        cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = 4096, 64, 8192
+        cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES = 4096, 64, 8192
         # ids out of range: the word is set, rows of valid ids unchanged
         bad = ids.copy().reshape(-1)
         bad[0], bad[-1] = -1, rows
@@ -1096,14 +1097,14 @@ def run_variants() -> int:
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
     rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
-    cg.ROW_CACHE_BYTES = 0
+    cuda_rows.ROW_CACHE_BYTES = 0
     failures = run_all(rows, tag=" (kept)")
-    cg.ROWS_WARP_MIN = 0
+    cuda_rows.ROWS_WARP_MIN = 0
     failures += run_all(rows, tag=" (warps)")
-    cg.ROW_REGISTERS = 0
+    cuda_rows.ROW_REGISTERS = 0
     failures += run_all(rows, tag=" (re-read)")
-    cg.ROWS_WARP_MIN, cg.ROW_REGISTERS, cg.ROW_CACHE_BYTES = 4096, 64, 8192
-    cg.VECTOR = False  # the scalar loop variant (what misaligned operands get)
+    cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES = 4096, 64, 8192
+    cuda_reads.VECTOR = False  # the scalar loop variant (what misaligned operands get)
     failures += run_all(
         {
             k: v

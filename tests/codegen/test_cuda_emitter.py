@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from saturn.codegen import cuda as cg
+from saturn.codegen import cuda_reads, cuda_rows
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 
@@ -267,20 +268,20 @@ def test_a_rows_kernel_keeps_its_row_in_registers():
         "(param b f32 [1024])\n(let r (LayerNorm (Add x y) w b [1] 1e-05))\n(output r)\n"
     )
     (k,) = kernels_of(text)  # one kernel: the add is not written
-    assert k.kind == "rows" and cg.row_cache(k, 32, 4) == (8, [0, 1])
+    assert k.kind == "rows" and cuda_rows.row_cache(k, 32, 4) == (8, [0, 1])
 
     def row_loads(g) -> int:
         # the two row operands are parameters 1 and 2; count their 16-byte vector loads
         return len(re.findall(r"ld\.global\.v4\.f32", cg.ptx(g, (9, 0))))
 
     g = cg.generate(k)
-    old = cg.ROW_REGISTERS
+    old = cuda_rows.ROW_REGISTERS
     try:
-        cg.ROW_REGISTERS = 0
-        assert cg.row_cache(k, 32, 4) is None
+        cuda_rows.ROW_REGISTERS = 0
+        assert cuda_rows.row_cache(k, 32, 4) is None
         reread = cg.generate(k)
     finally:
-        cg.ROW_REGISTERS = old
+        cuda_rows.ROW_REGISTERS = old
     # kept: unrolled steps, no loop over the row; 2 operands x 8 steps, each executed
     # once, and the weight and bias (whole-row trailing operands) 2 x 8 in the body pass
     assert "while r < red" not in g.source and row_loads(g) == 2 * 8 + 2 * 8
@@ -301,7 +302,7 @@ def test_a_rows_kernel_reads_whole_row_trailing_operands_from_a_row_base():
         "(param b f32 [1024])\n(let r (LayerNorm (Add x p) w b [2] 1e-05))\n(output r)\n"
     )
     (k,) = kernels_of(text)
-    assert k.kind == "rows" and cg.row_cache(k, 32, 4) is None
+    assert k.kind == "rows" and cuda_rows.row_cache(k, 32, 4) is None
     trailing = [i for i, o in enumerate(k.inputs) if o.indexing == "trailing"]
     assert len(trailing) == 3 and all(cg._row_trailing(k, i) for i in trailing)
     g = cg.generate(k)
@@ -325,7 +326,7 @@ def test_a_rows_kernel_reads_row_constant_operands_once_per_row():
     )
     (k,) = kernels_of(text)
     assert k.kind == "rows"
-    constant = [i for i, o in enumerate(k.inputs) if cg._row_constant(k, i)]
+    constant = [i for i, o in enumerate(k.inputs) if cuda_reads._row_constant(k, i)]
     assert sorted(k.inputs[i].indexing for i in constant) == ["leading", "middle"]
     for lanes in (1, 4):
         src = cg.generate(k, lanes=lanes).source
@@ -335,11 +336,13 @@ def test_a_rows_kernel_reads_row_constant_operands_once_per_row():
     (k2,) = kernels_of(
         "(input x f32 [2 5 40])\n(input m f32 [5 40])\n(let r (Softmax (Add x m) 2))\n(output r)\n"
     )
-    assert k2.kind == "rows" and not any(cg._row_constant(k2, i) for i in range(len(k2.inputs)))
+    assert k2.kind == "rows" and not any(
+        cuda_reads._row_constant(k2, i) for i in range(len(k2.inputs))
+    )
     (loop,) = kernels_of(
         "(input x f32 [4 6])\n(input b f32 [4 1])\n(let r (Add x b))\n(output r)\n"
     )
-    assert loop.kind == "loop" and not cg._row_constant(loop, 1)
+    assert loop.kind == "loop" and not cuda_reads._row_constant(loop, 1)
 
 
 def test_narrow_reductions_divide_in_32_bits():

@@ -10,10 +10,11 @@ import torch
 
 import saturn
 from saturn.codegen import cuda as cg
+from saturn.codegen import cuda_reads
+from saturn.dtypes import TORCH_DTYPES
 from saturn.eqsat import evaluate as ev
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
-from saturn.importer import TORCH_DTYPES
 
 pytestmark = pytest.mark.gpu
 GPU = "saturn:1"
@@ -250,7 +251,7 @@ def test_reductions(op, shape, dims, dtype):
     (k,) = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program.kernels
     red = cg.reduce_layout(k)[1] if cg.reduce_layout(k)[2] == 1 else None
     style = cg.reduce_source(k, "f")[2]
-    assert (style == "row-thread") == (red is not None and red <= cg.ROW_THREAD_LIMIT)
+    assert (style == "row-thread") == (red is not None and red <= cuda_reads.ROW_THREAD_LIMIT)
     assert got[0].dtype == want[0].dtype
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
 

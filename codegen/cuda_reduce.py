@@ -1,0 +1,274 @@
+"""CUDA reduction kernels: a domain seen as outer x reduce x inner, rows reduced by a warp
+or a block each, columns by 32 per block; split reductions (partials per chunk, then a fold)
+where too few outputs would leave the device idle (``split_plan``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from saturn.eqsat.program import Kernel
+
+from .cubins import (
+    KernelError,
+)
+from .cuda_reads import (
+    ROW_THREAD_LIMIT,
+    ROW_WARP_LIMIT,
+    _acc_dtype,
+    _combine,
+    _identity,
+    _operand_reads,
+    _store_reduced,
+    _warp_reduce,
+    compute_dtype,
+    index_arithmetic,
+    narrow_head,
+)
+from .expr import NUMBA_TYPE, BodyWriter
+from .generated import NUMBA_SCALAR, THREADS, Params
+
+
+def reduce_layout(k: Kernel) -> tuple[int, int, int]:
+    """(outer, reduce, inner) of a reduction over a contiguous run of axes."""
+    dims = sorted(k.attrs["dims"])
+    if dims != list(range(dims[0], dims[-1] + 1)):
+        raise KernelError(f"reduction over non-adjacent axes {dims} (permute first)")
+    shape = k.domain
+    outer = math.prod(shape[: dims[0]])
+    red = math.prod(shape[dims[0] : dims[-1] + 1])
+    inner = math.prod(shape[dims[-1] + 1 :])
+    return outer, red, inner
+
+
+def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str) -> list[str]:
+    """A reduction thread's loop from ``r`` up to ``bound`` in steps of ``step``, folding each
+    element into ``acc``. ``index`` is the flat index of element ``r`` (``{r}`` in it);
+    ``element(ind, var)`` gives the lines computing the element at ``f`` into ``var``.
+    (Unrolled four times, with the loads ahead of the adds, the narrow reductions of
+    bench/kernels.py ran no faster: 83 -> 96 us, 32 -> 37 us on the H200.)"""
+    return [
+        f"{ind}while r < {bound}:",
+        f"{ind}    f = {index.format(r='r')}",
+        *element(ind + "    ", "v"),
+        f"{ind}    acc = {_combine(kind, 'acc', 'v')}",
+        f"{ind}    r += {step}",
+    ]
+
+
+def _element(k: Kernel, narrow: bool = False):
+    """``element(ind, var)``: the lines computing a reduction's value at flat index ``f``
+    into ``var`` (operand reads, the body, the cast to the accumulator); and the int
+    parameters the reads use. ``narrow``: the reads' index arithmetic in 32 bits, over the
+    copies ``narrow_head`` makes."""
+    rank = len(k.domain)
+    dnames = [f"s{d}" for d in range(rank)]
+    body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
+    result, _ = body.emit(k.body)
+    acc_type = NUMBA_TYPE[_acc_dtype(k)]
+    _, ints = _operand_reads(k, "f", rank, dnames, "")
+
+    def element(at: str, var: str) -> list[str]:
+        reads, _ = _operand_reads(k, "f", rank, dnames, at, narrow)
+        return reads + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
+
+    return element, ints
+
+
+def _block_row(kind: str, acc_t: str, start: str, bound: str, element, store) -> list[str]:
+    """A block of THREADS per row (``blockIdx.x``): each thread folds from ``start`` up to
+    ``bound``, the warps fold across their lanes and then across warps through shared
+    memory; thread 0 runs ``store`` (lines at 12 spaces) with the row's ``acc``."""
+    ident = _identity(kind, acc_t)
+    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
+    return [
+        "    row = cuda.blockIdx.x",
+        "    tid = cuda.threadIdx.x",
+        f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+        f"    acc = {ident}",
+        f"    r = {start}",
+        *_accumulate("row * red + {r}", THREADS, bound, element, kind, "    "),
+        *_warp_reduce(shfl, "    "),
+        "    if tid % 32 == 0:",
+        "        part[tid // 32] = acc",
+        "    cuda.syncthreads()",
+        "    if tid < 32:",
+        f"        acc = part[tid] if tid < 8 else {ident}",
+        *_warp_reduce(shfl, "        "),
+        "        if tid == 0:",
+        *store,
+    ]
+
+
+def _columns(kind: str, acc_t: str, outputs: str, loop: list[str], store) -> list[str]:
+    """32 consecutive outputs per block (``p``, coalesced), 8 threads down each: every
+    thread folds by ``loop`` (lines at 8 spaces), then the 8 partials of each output are
+    folded in order through shared memory and ``store`` (lines at 8 spaces) runs."""
+    return [
+        "    tx = cuda.threadIdx.x % 32",
+        "    ty = cuda.threadIdx.x // 32",
+        "    p = cuda.blockIdx.x * 32 + tx",
+        f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
+        f"    acc = {_identity(kind, acc_t)}",
+        f"    if p < {outputs}:",
+        *loop,
+        "    part[cuda.threadIdx.x] = acc",
+        "    cuda.syncthreads()",
+        f"    if ty == 0 and p < {outputs}:",
+        "        for j in range(1, 8):",
+        f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
+        *store,
+    ]
+
+
+def _column_loop(start: str, bound: str, element, kind: str) -> list[str]:
+    return [
+        "        o = p // inner",
+        "        c = p % inner",
+        f"        r = {start}",
+        *_accumulate("(o * red + {r}) * inner + c", 8, bound, element, kind, "        "),
+    ]
+
+
+def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str]:
+    """A row (warp or block per row) or column reduction kernel; returns its style too.
+    ``narrow``: operands' index arithmetic in 32 bits (as loops, ``loop_source``)."""
+    _, red, inner = reduce_layout(k)
+    dnames = [f"s{d}" for d in range(len(k.domain))]
+    kind = k.attrs["reduce"]
+    acc_t = _acc_dtype(k)
+    acc_type = NUMBA_TYPE[acc_t]
+    if inner == 1:
+        style = (
+            "row-thread"
+            if red <= ROW_THREAD_LIMIT
+            else "row-warp"
+            if red < ROW_WARP_LIMIT
+            else "row-block"
+        )
+    else:
+        style = "column"
+    narrow = narrow and index_arithmetic(k)
+    element, ints = _element(k, narrow)
+    shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
+    params = Params(
+        ["out", *[f"in{i}" for i in range(len(k.inputs))]], ["outer", "red", "inner", *shape, *ints]
+    )
+    finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
+    lines = [f"def {fn}({params.signature()}):", *(narrow_head(k, dnames) if narrow else [])]
+    if style == "row-thread":
+        # one thread per row (grid-stride), its elements folded in order
+        lines += [
+            "    row = cuda.grid(1)",
+            "    step = cuda.gridsize(1)",
+            "    while row < outer:",
+            f"        acc = {_identity(kind, acc_t)}",
+            "        r = 0",
+            *_accumulate("row * red + {r}", 1, "red", element, kind, "        "),
+            *_store_reduced(k, "out[row]", finish, "        "),
+            "        row += step",
+        ]
+    elif style == "row-warp":
+        # one warp per row, 8 rows per block
+        lines += [
+            "    lane = cuda.threadIdx.x % 32",
+            "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
+            f"    acc = {_identity(kind, acc_t)}",
+            "    if row < outer:",
+            "        r = lane",
+            *_accumulate("row * red + {r}", 32, "red", element, kind, "        "),
+            *_warp_reduce(
+                _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)"), "    "
+            ),
+            "    if lane == 0 and row < outer:",
+            *_store_reduced(k, "out[row]", finish, "        "),
+        ]
+    elif style == "row-block":
+        lines += _block_row(
+            kind, acc_t, "tid", "red", element, _store_reduced(k, "out[row]", finish, " " * 12)
+        )
+    else:
+        loop = _column_loop("ty", "red", element, kind)
+        lines += _columns(
+            kind, acc_t, "outer * inner", loop, _store_reduced(k, "out[p]", finish, " " * 8)
+        )
+    return "\n".join(lines), params, style
+
+
+# --- split reductions ---------------------------------------------------------------
+# A reduction with too few outputs to fill the device (a loss summed to one value, a bias
+# gradient's 1024 column sums over 16,384 rows) splits its reduced axis: a first kernel
+# reduces each chunk of it into a workspace of partial accumulators (one per chunk and
+# output, in the accumulation dtype), a second folds the partials in chunk order and
+# finishes (mean's division, the epilogue, the cast). The order of the additions is fixed
+# by the sizes, so results repeat exactly from call to call.
+SPLIT_BLOCKS_PER_SM = 4  # what a split launch aims for
+
+
+ROW_SPLIT_CHUNK = 2048  # at least this many elements per chunk of a row (8 per thread)
+
+
+COLUMN_SPLIT_CHUNK = 128  # at least this many rows per chunk of a column (16 per thread)
+
+
+def split_plan(k: Kernel, sm_count: float = 132, min_chunk: int | None = None) -> tuple[int, int]:
+    """(chunks, chunk length) of the reduced axis; (1, red) when the unsplit kernel already
+    has at least two blocks per SM, or its rows are short enough for a warp each."""
+    outer, red, inner = reduce_layout(k)
+    if inner == 1 and red < ROW_WARP_LIMIT:
+        return 1, red
+    blocks = outer if inner == 1 else math.ceil(outer * inner / 32)
+    if blocks == 0 or blocks >= 2 * sm_count:
+        return 1, red
+    least = min_chunk or (ROW_SPLIT_CHUNK if inner == 1 else COLUMN_SPLIT_CHUNK)
+    splits = min(math.ceil(SPLIT_BLOCKS_PER_SM * sm_count / blocks), red // least)
+    if splits < 2:
+        return 1, red
+    chunk = math.ceil(red / splits)
+    return math.ceil(red / chunk), chunk
+
+
+def split_sources(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str, Params]:
+    """The two kernels of a split reduction: partials (grid: output tiles x chunks, writing
+    ``ws[chunk * outputs + output]``) and the fold over chunks (32 outputs per block, 8
+    threads down the chunks), with their parameters. ``narrow``: the partials' operand
+    index arithmetic in 32 bits."""
+    _, _, inner = reduce_layout(k)
+    dnames = [f"s{d}" for d in range(len(k.domain))]
+    kind = k.attrs["reduce"]
+    acc_t = _acc_dtype(k)
+    acc_type = NUMBA_TYPE[acc_t]
+    narrow = narrow and index_arithmetic(k)
+    element, ints = _element(k, narrow)
+    shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
+    params = Params(
+        ["ws", *[f"in{i}" for i in range(len(k.inputs))]],
+        ["outer", "red", "inner", *shape, *ints, "chunk"],
+    )
+    lines = [
+        f"def {fn}_part({params.signature()}):",
+        *(narrow_head(k, dnames) if narrow else []),
+        "    lo = cuda.blockIdx.y * chunk",
+        "    hi = min(lo + chunk, red)",
+    ]
+    if inner == 1:  # a block per (row, chunk)
+        store = [" " * 12 + "ws[cuda.blockIdx.y * outer + row] = acc"]
+        lines += _block_row(kind, acc_t, "lo + tid", "hi", element, store)
+    else:  # 32 outputs per block, 8 threads down each, over one chunk
+        store = [" " * 8 + "ws[cuda.blockIdx.y * outer * inner + p] = acc"]
+        lines += _columns(
+            kind, acc_t, "outer * inner", _column_loop("lo + ty", "hi", element, kind), store
+        )
+    fparams = Params(["out", "ws"], ["outputs", "chunks", "red"])
+    finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
+    fold = [
+        "        r = ty",
+        "        while r < chunks:",
+        f"            acc = {_combine(kind, 'acc', 'ws[r * outputs + p]')}",
+        "            r += 8",
+    ]
+    flines = [
+        f"def {fn}_fold({fparams.signature()}):",
+        *_columns(kind, acc_t, "outputs", fold, _store_reduced(k, "out[p]", finish, " " * 8)),
+    ]
+    return "\n".join(lines), params, "\n".join(flines), fparams
