@@ -24,8 +24,8 @@ from saturn.eqsat.costs import GPU
 from saturn.eqsat.egraph import Saturation
 from saturn.eqsat.extract import CostModel, extract_shared, infer_placement, infer_types
 from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.lowering import lower
 from saturn.eqsat.pipeline import device_twin
-from saturn.eqsat.program import lower
 
 
 def block(i: int, x: str, s: int, d: int, h: int) -> tuple[list[str], str]:

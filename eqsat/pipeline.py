@@ -20,8 +20,9 @@ from .kernel_fusion import (
     merge_concats,
     reuse_written,
 )
+from .lowering import lower
 from .ownership import OutputOwnership, output_ownership
-from .program import Program, lower
+from .program import Program
 from .schema import half_facts
 
 

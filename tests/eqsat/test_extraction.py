@@ -156,7 +156,7 @@ def test_a_cheap_recomputation_of_what_a_body_reads_is_kept():
 def test_the_read_bound_cuts_a_chain_held_in_one_body():
     """Nothing in the chain is written to memory but its end: the body would read every
     a_k; past MAX_FUSED_READS it reads a loop instead (written to memory for it)."""
-    from saturn.eqsat.program import MAX_FUSED_READS
+    from saturn.eqsat.kernel_bodies import MAX_FUSED_READS
 
     text = _residual_chain(40, False).replace(
         "\n".join(f"(output r{i})" for i in range(40)), "(output r39)"
