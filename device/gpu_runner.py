@@ -29,8 +29,6 @@ write memory it does not own); each refusal is logged once with its reason.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import threading
 import weakref
@@ -39,21 +37,20 @@ import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
-from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
-from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
-from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
 from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.graph import bits_float
 from saturn.eqsat.memory import plan_memory
-from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Step
 from saturn.eqsat.ranges import indices_in_range
 
-from .dtypes import DTYPES, TORCH_DTYPES
-from .eager_kernels import byte_span, strided_copy
+from .dtypes import TORCH_DTYPES
 from .eager_kernels import cuda_driver as _driver
+from .eager_kernels import strided_copy
 from .host_ops import run_host
-from .profiling import recording, step_range
+from .profiling import step_range
+from .runner_lending import Lending
+from .runner_plans import LibraryPlans, layout
+from .runner_replay import Replay
 from .steps import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
@@ -68,11 +65,7 @@ def fill_word(value_bits: int, dtype: str) -> int:
     return int(word.item()) if size == 8 else int(word.item()) & ((1 << (8 * size)) - 1)
 
 
-def layout(t: torch.Tensor) -> Layout:
-    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
-
-
-class GpuRunner:
+class GpuRunner(LibraryPlans, Lending, Replay):
     # tf32x3 GEMMs are kept only where faster than float32 (tests turn the choice off)
     choose_precision = True
     gelu_epilogue = "timed"  # codegen.gemm.GELU_CHOICES; tests force one way
@@ -276,23 +269,6 @@ class GpuRunner:
             self._own(out)
         return out
 
-    def _workspace(self, nbytes: int, keep: bool = True):
-        """Scratch device memory for tuning (one buffer, grown as needed; its address) or,
-        with ``keep=False``, a buffer of a plan's own (the tensor)."""
-        if not keep:
-            return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-        if self._scratch is None or self._scratch.numel() < nbytes:
-            self._scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
-        return self._scratch.data_ptr()
-
-    def _kernel_workspace(self, step: str, nbytes: int) -> int:
-        """A kernel's own scratch memory (a split reduction's partials): made at the first
-        call, at the same address in every later one (replay captures it)."""
-        ws = self.workspaces.get(step)
-        if ws is None or ws.numel() < nbytes:
-            ws = self.workspaces[step] = self._workspace(nbytes, keep=False)
-        return ws.data_ptr()
-
     def _kernel(self, s: Step, env: dict) -> None:
         k = s.kernel
         ops = [env[o.value] for o in k.inputs]
@@ -367,150 +343,6 @@ class GpuRunner:
         else:
             have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
 
-    def _custom_operands(self, step: str, op, ops: list[torch.Tensor]) -> list[torch.Tensor]:
-        """A custom step's operands with those the op reads packed copied, where they are
-        strided views, into buffers of the step's own: made at the first call (never
-        captured), so a captured call copies without allocating."""
-        want = op.packed_positions
-        if not want:
-            return ops
-        bufs = self.custom_packs.setdefault(step, {})
-        ops = list(ops)
-        for i in want:
-            t = ops[i]
-            if t.is_contiguous():
-                continue
-            buf = bufs.get(i)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = bufs[i] = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            strided_copy(t, buf)
-            ops[i] = buf
-        return ops
-
-    def _library_plan(self, k, key: tuple, out: torch.Tensor, ops: list[torch.Tensor]):
-        """The product's or convolution's plan for the operands' layouts; where the library
-        takes no plan for them (a layout cuBLASLt or cuDNN declines: a row stride it does
-        not take, a misaligned slice), the plan for packed copies of the operands that are
-        not packed, made at every call before the plan runs (the copies' buffers are the
-        step's own, at fixed addresses, so replay captures them). A library that declines
-        packed operands too raises: the call then runs uncompiled (decision 0050)."""
-        self.packs.pop(k.output, None)
-
-        def plan(operands):
-            ptrs = tuple(t.data_ptr() for t in operands)
-            lays = tuple(layout(t) for t in operands)
-            if k.kind == "gemm":
-                return self._gemm_plan(k, lays, out, ptrs)
-            return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
-
-        try:
-            return plan(ops)
-        except (GemmError, ConvError) as e:
-            packs = {
-                i: torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                for i, t in enumerate(ops)
-                if not t.is_contiguous()
-            }
-            if not packs:
-                raise
-            log.info(
-                "saturn: %s %s: %s; planned on packed copies of operands %s",
-                k.kind,
-                k.output,
-                str(e).splitlines()[0][:200],
-                sorted(packs),
-            )
-        for i, buf in packs.items():
-            strided_copy(ops[i], buf)
-        made = plan([packs.get(i, t) for i, t in enumerate(ops)])
-        self.packs[k.output] = packs
-        return made
-
-    def _gemm_plan(self, k, key: tuple, out: torch.Tensor, ptrs: tuple[int, ...]):
-        """The product's plan, tuned on this call's operands. float16/bfloat16 products are
-        cuBLASLt plans of their own (float32 accumulation, one rounding) sharing one
-        workspace: they run one after another on the stream, and the workspace's fixed
-        address is what replay captures."""
-        bias = key[2] if len(key) == 3 else None
-        args = (key[0], key[1], layout(out), k.attrs["epilogue"], bias)
-        ptrs = (*ptrs[:2], out.data_ptr(), *ptrs[2:])
-        if key[0].dtype in HALVES:
-            if self._lt_workspace is None:
-                self._lt_workspace = self._workspace(WORKSPACE_BYTES, keep=False)
-            ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
-            return LtPlan(*args, ptrs, self.stream, ws)
-        return GemmPlan(
-            *args,
-            ptrs,
-            self.stream,
-            self.precision,
-            alloc=lambda n: self._workspace(n, keep=False),
-            choose=self.choose_precision,
-            gelu=self.gelu_epilogue,
-        )
-
-    def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
-        """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split
-        plan is timed against the float32 one and kept only where faster (as for GEMMs)."""
-        a = k.attrs
-        x, w, bias = key[0], key[1], key[2] if a["bias"] else None
-        out_lay = layout(self.buffers[k.output])
-        params = ConvParams(
-            tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
-        )
-        plan = ConvPlan(x, w, bias, out_lay, params, self.stream, self.precision == "tf32")
-        plan.autotune(ptrs, self._workspace)
-        self._scratch = None
-        ws = self._conv_workspace(plan.workspace_size)
-        if self.precision == "tf32x3" and x.dtype == "f32":
-            try:
-                split = SplitConvPlan(
-                    x, w, bias, out_lay, params, self.stream, lambda n: self._workspace(n, False)
-                )
-            except ConvError as e:
-                log.info("saturn: convolution %s stays float32: %s", k.output, e)
-                split = None
-            if split is not None:
-                split.autotune(ptrs, self._workspace)
-                self._scratch = None
-                sws = self._conv_workspace(split.workspace_size)
-                split.timings = {
-                    "tf32x3": time_on_stream(lambda: split.run(ptrs, sws.data_ptr()), self.stream)
-                }
-                if self.choose_precision:
-                    split.timings["fp32"] = time_on_stream(
-                        lambda: plan.run(ptrs, ws.data_ptr()), self.stream
-                    )
-                if not self.choose_precision or split.timings["tf32x3"] < split.timings["fp32"]:
-                    plan, ws = split, sws
-                else:
-                    plan.timings = split.timings
-        # one buffer for every convolution, grown as plans need more (_share_conv_workspaces)
-        if self._conv_ws is None or self._conv_ws.numel() < ws.numel():
-            self._conv_ws = ws
-        self.workspaces[k.output] = self._conv_ws
-        self.conv_steps.add(k.output)
-        return plan
-
-    def _conv_workspace(self, nbytes: int) -> torch.Tensor:
-        """The shared convolution workspace where it is large enough, else a new buffer."""
-        if self._conv_ws is not None and self._conv_ws.numel() >= max(nbytes, 1):
-            return self._conv_ws
-        return self._workspace(nbytes, keep=False)
-
-    def _share_conv_workspaces(self) -> None:
-        """After the first call, which made every plan: every convolution step's workspace
-        is the largest one. The steps run one after another on saturn's stream, so none
-        reads scratch another wrote (the half products share one already); a buffer per
-        step added up (ResNet-152 in float32 peaked at 8.5 GB on the H200, eager at 0.6 GB).
-        During the first call the shared buffer grows as plans need more (steps planned
-        before a growth keep the smaller one until now). This runs before replay captures,
-        so the captured graph reads the shared buffer; a plan made later either fits it or
-        takes the larger buffer it needs (the steps captured before keep theirs)."""
-        for n in self.conv_steps:
-            self.workspaces[n] = self._conv_ws
-        self.conv_steps.clear()
-
     # --- a call ------------------------------------------------------------------------------
 
     def __call__(self, prepared: list[torch.Tensor], stats, given: list | None = None) -> list:
@@ -537,40 +369,6 @@ class GpuRunner:
             results = self._hand_out(outs, plan, prepared, given)
             # after the hand-out, which then overlaps the device's work; results of a call
             # that raises are dropped (lent storages nobody holds cost nothing)
-            self._check_indices()
-            return results
-
-    def replay_fast(self, args: list) -> list | None:
-        """A replayed call's outputs when every input is the packed device tensor the graph
-        was captured with: its dtype, shape and address (what ``Recipe._input`` and
-        ``_replayed`` check, in one pass, and the launch through ctypes). None: the call
-        goes the checked way, which raises on a wrong input or captures again."""
-        if self._fast is None:
-            return None
-        with self.lock:
-            want = self._fast  # read again under the lock: another thread may recapture
-            if want is None or len(args) != len(want):
-                return None
-            # outputs of earlier calls still held move first (an input may be one)
-            self._reclaim()
-            dev = self.device
-            for t, (ptr, dtype, shape) in zip(args, want, strict=True):
-                if not (
-                    isinstance(t, torch.Tensor)
-                    and t.data_ptr() == ptr
-                    and t.dtype is dtype
-                    and t.shape == shape
-                    and t.device == dev
-                    and t.is_contiguous()
-                ):
-                    return None
-            self.calls += 1
-            err = self._launch_graph(_graph_launch(), self._exec_handle)
-            if err != 0:
-                self._check((err,), "cuGraphLaunch")
-            self.replays += 1
-            self.fast_replays += 1
-            results = self._hand_out(self.captured_outs, self._captured_plan, args, args)
             self._check_indices()
             return results
 
@@ -606,125 +404,6 @@ class GpuRunner:
 
     # --- outputs: lent out of the arena, copied out only when still held -----------------
 
-    def _groups(self, outs: list) -> list[tuple[int, int, list[tuple]]]:
-        """Outputs in the runner's memory as (address, bytes, members): one storage per
-        group of outputs whose bytes overlap (views of one value share it, as in eager), each
-        member (position, dtype, element offset, shape, strides). Other outputs are in no
-        group."""
-        spans = []
-        for i, t in enumerate(outs):
-            if isinstance(t, torch.Tensor) and t.numel() and self._in_owned(t):
-                spans.append((*byte_span(t), i, t))
-        spans.sort(key=lambda sp: sp[0])
-        groups: list[list] = []
-        for start, end, i, t in spans:
-            if groups and start < groups[-1][1]:
-                groups[-1][1] = max(groups[-1][1], end)
-                groups[-1][2].append((start, i, t))
-            else:
-                groups.append([start, end, [(start, i, t)]])
-        out = []
-        for start, end, members in groups:
-            if any((ptr - start) % t.element_size() for ptr, _, t in members):
-                continue  # mixed element sizes at odd offsets: copied out instead
-            out.append(
-                (
-                    start,
-                    end - start,
-                    [
-                        (i, t.dtype, (ptr - start) // t.element_size(), t.shape, t.stride())
-                        for ptr, i, t in members
-                    ],
-                )
-            )
-        return out
-
-    def _out_plan(self, outs: list, env: dict) -> tuple[list, dict]:
-        """How a call's outputs are handed out: the arena groups (``_groups``) and the
-        outputs that view an input without a copy: position -> (input position, shape,
-        strides, element offset from the input's)."""
-        views = {}
-        for k, value in self.out_inputs.items():
-            t, base = outs[k], env[value]
-            if (
-                isinstance(t, torch.Tensor)
-                and isinstance(base, torch.Tensor)
-                and t.device == base.device == self.device
-                and t.untyped_storage()._cdata == base.untyped_storage()._cdata
-            ):
-                rel = t.storage_offset() - base.storage_offset()
-                views[k] = (self.r._position[value], t.shape, t.stride(), rel)
-        return self._groups(outs), views
-
-    def _hand_out(self, outs: list, plan: tuple, prepared: list, given: list | None) -> list:
-        """The call's results: outputs in the runner's memory as tensors over storages of
-        their own that point into it (weakly tracked, see _reclaim); views of the caller's
-        inputs as views of them; anything else on the device (a constant, a staged input, a
-        packed copy of an input: memory a later call reuses) as a copy."""
-        groups, views = plan
-        results = list(outs)
-        lent = set()
-        for k, (i, shape, stride, rel) in views.items():
-            if given is not None and prepared[i] is given[i]:
-                base = prepared[i]
-                results[k] = base.as_strided(shape, stride, base.storage_offset() + rel)
-                lent.add(k)
-        for start, nbytes, members in groups:
-            storage = torch._C._construct_storage_from_data_pointer(start, self.device, nbytes)
-            for i, dtype, offset, shape, stride in members:
-                empty = torch.empty(0, dtype=dtype, device=self.device)
-                results[i] = empty.set_(storage, offset, shape, stride)
-                lent.add(i)
-            self.lent.append(storage._weak_ref())
-        for i, t in enumerate(outs):
-            if i not in lent and isinstance(t, torch.Tensor) and t.device == self.device:
-                results[i] = self._copy_out(t)
-        return results
-
-    def _reclaim(self) -> None:
-        """Copy every lent storage still held out of the runner's memory (and forget the
-        rest)."""
-        if not self.lent:
-            return
-        lent, self.lent = self.lent, []
-        for ref in lent:
-            try:
-                held = torch.UntypedStorage._new_with_weak_ptr(ref)
-                if held is not None:
-                    self._take_back(held)
-            finally:
-                torch.UntypedStorage._free_weak_ref(ref)
-
-    def _take_back(self, held: torch.UntypedStorage) -> None:
-        """Give a lent storage memory of its own: a device copy of its bytes, then the
-        swap of data pointers (every tensor and view over it follows). A storage already
-        taken back (its address outside the runner's memory) is left alone."""
-        ptr, nbytes = held.data_ptr(), held.nbytes()
-        if not self._points_into_owned(ptr):
-            return
-        fresh = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        (err,) = _driver().cuMemcpyDtoDAsync(fresh.data_ptr(), ptr, nbytes, self.stream)
-        if err != self._ok:
-            self._check((err,), "cuMemcpyDtoDAsync")
-        whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(held)
-        torch.ops.saturn_rt.swap_storage_data(whole, fresh)  # fresh now views the arena
-        self.copied_out += 1
-
-    def lends(self, storage: torch.UntypedStorage) -> bool:
-        """Whether ``storage`` is one this runner lent that still points into its memory."""
-        if storage.device != self.device or storage._cdata in self._owned:
-            return False
-        return self._points_into_owned(storage.data_ptr())
-
-    def _points_into_owned(self, ptr: int) -> bool:
-        return any(base <= ptr < end for base, end in self._owned.values())
-
-    def _own(self, t: torch.Tensor) -> None:
-        """Note memory every call rewrites (the arena, a reshape's kept copy): outputs in
-        it are lent."""
-        storage = t.untyped_storage()
-        self._owned[storage._cdata] = (storage.data_ptr(), storage.data_ptr() + storage.nbytes())
-
     def __del__(self) -> None:
         # held outputs must not point into memory about to be freed
         try:
@@ -733,157 +412,8 @@ class GpuRunner:
         except Exception:  # interpreter shutdown: the device may be gone already
             pass
 
-    def _packed(self, t: torch.Tensor) -> tuple | None:
-        """(shape, dtype, address, bytes) of a packed device tensor; None for anything else."""
-        if t.device != self.device or not t.is_contiguous():
-            return None
-        return (t.shape, t.dtype, t.data_ptr(), t.numel() * t.element_size())
-
-    def _copy_out(self, t: torch.Tensor) -> torch.Tensor:
-        """A fresh tensor with ``t``'s values: one asynchronous device copy when packed."""
-        self.copied_out += 1
-        packed = self._packed(t)
-        if packed is None:
-            return t.clone()
-        shape, dtype, src, nbytes = packed
-        out = torch.empty(shape, dtype=dtype, device=self.device)
-        if nbytes:
-            (err,) = _driver().cuMemcpyDtoDAsync(out.data_ptr(), src, nbytes, self.stream)
-            if err != self._ok:
-                self._check((err,), "cuMemcpyDtoDAsync")
-        return out
-
-    def _in_owned(self, t: torch.Tensor) -> bool:
-        return t.device == self.device and t.untyped_storage()._cdata in self._owned
-
-    def _replayed(self, prepared: list[torch.Tensor], stats) -> tuple[list, dict | None]:
-        """The replayed call's outputs (the captured ones) and None, or, where the call
-        could not be captured, the outputs of a step-by-step run and its values."""
-        drv = _driver()
-        # size inputs (symbolic graphs) are fixed for this recipe: only tensors can move
-        ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else None for t in prepared)
-        if self.exec_ is not None and self.captured_ptrs != ptrs:
-            moved = [
-                i
-                for i, (a, b) in enumerate(zip(self.captured_ptrs, ptrs, strict=True))
-                if a != b and i not in self.staged
-            ]
-            if moved:
-                for i in moved:
-                    self.staged[i] = torch.empty_like(prepared[i])
-                self._release()  # capture again, reading the staged copies
-        for i, buf in self.staged.items():
-            buf.copy_(prepared[i])
-        if self.exec_ is None:
-            if not self._capture(prepared, stats):
-                self.replay = False
-                env = self._steps(prepared, stats)
-                return [env[v] for v in self.r.program.outputs], env
-            self.captured_ptrs = ptrs
-            self._fast = self._fast_check(ptrs)
-        (err,) = self._launch_graph(drv.cuGraphLaunch, self.exec_)
-        if err != self._ok:
-            self._check((err,), "cuGraphLaunch")
-        self.replays += 1
-        stats.launches += 1
-        return self.captured_outs, None
-
-    def _launch_graph(self, launch, graph):
-        """``launch(graph, stream)``, inside one profiler range while a profiler records."""
-        if not recording():
-            return launch(graph, self.stream)
-        with torch.profiler.record_function(
-            f"saturn replay of {len(self.r.program.kernels)} kernels"
-        ):
-            return launch(graph, self.stream)
-
-    def _fast_check(self, ptrs: tuple) -> list[tuple] | None:
-        """(address, dtype, shape) of each input for ``replay_fast``: only where every input
-        is a tensor read in place on the device (no size inputs, none staged, outputs
-        handed out on the device)."""
-        if not self.r.io_on_device or self.staged or any(p is None for p in ptrs):
-            return None
-        if any(spec.dtype is None for spec in self.r.inputs):
-            return None
-        self._exec_handle = _handle_of(self.exec_)
-        return [
-            (p, spec.dtype, torch.Size(spec.shape))
-            for p, spec in zip(ptrs, self.r.inputs, strict=True)
-        ]
-
-    def _release(self) -> None:
-        drv = _driver()
-        if self.exec_ is not None:
-            drv.cuGraphExecDestroy(self.exec_)
-        self.exec_, self.captured_outs, self.captured_ptrs = None, [], ()
-        self._captured_plan = None
-        self._fast = None
-
-    def _capture(self, prepared, stats) -> bool:
-        """Capture one call's device work as a graph; False when it is not safe to replay."""
-        drv = _driver()
-
-        before = torch.saturn.memory_stats(self.device)
-        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        self._check(drv.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
-        try:
-            env = self._steps(prepared, stats)
-        except Exception as e:
-            # a step that waits for the device while capturing (a host function's fallback
-            # reading a value back) invalidates the capture; the call runs step by step
-            err, graph = drv.cuStreamEndCapture(self.stream)
-            if graph is not None and err == self._ok:
-                drv.cuGraphDestroy(graph)
-            log.warning(
-                "saturn: CUDA-graph replay off for this graph: a step failed captured: %s", e
-            )
-            return False
-        err, graph = drv.cuStreamEndCapture(self.stream)
-        self._check((err,), "cuStreamEndCapture")
-        after = torch.saturn.memory_stats(self.device)
-        allocated = (after["hits"] + after["misses"]) - (before["hits"] + before["misses"])
-        if allocated:
-            log.warning(
-                "saturn: CUDA-graph replay off for this graph: %d allocation(s) during capture",
-                allocated,
-            )
-            drv.cuGraphDestroy(graph)
-            return False
-        err, exec_ = drv.cuGraphInstantiate(graph, 0)
-        self._check((err,), "cuGraphInstantiate")
-        drv.cuGraphDestroy(graph)
-        self.captures += 1
-        self.exec_ = exec_
-        self.captured_outs = [env[v] for v in self.r.program.outputs]
-        self._captured_plan = self._out_plan(self.captured_outs, env)
-        return True
-
-    @staticmethod
-    def _check(res, what: str) -> None:
-        drv = _driver()
-        err = res[0] if isinstance(res, tuple) else res
-        if err != drv.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"saturn: {what} failed: {err}")
-
 
 _RUNNERS: weakref.WeakSet[GpuRunner] = weakref.WeakSet()
-
-
-@functools.cache
-def _graph_launch():
-    """libcuda's cuGraphLaunch through ctypes: a replayed call's one launch, at a fraction
-    of the binding's per-call cost (measured on the H200: ~2.8 us through cuda-python)."""
-    fn = ctypes.CDLL("libcuda.so.1").cuGraphLaunch
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _handle_of(obj) -> int:
-    """The raw handle a cuda-python driver object wraps."""
-    from cuda.bindings.utils import get_cuda_native_handle
-
-    return int(get_cuda_native_handle(obj))
 
 
 def take_back_lent(t: torch.Tensor) -> None:

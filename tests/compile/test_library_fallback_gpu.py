@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from saturn import backend, gpu_runner
+from saturn import backend, runner_plans
 from saturn.codegen.conv import ConvError
 from saturn.codegen.gemm import GemmError
 from saturn.eqsat.program import packed_strides
@@ -56,7 +56,7 @@ def test_an_unrolled_recurrent_cell_on_sliced_steps():
 
 
 def test_products_declined_on_strided_operands_run_on_packed_copies(monkeypatch, caplog):
-    real_gemm, real_lt = gpu_runner.GemmPlan, gpu_runner.LtPlan
+    real_gemm, real_lt = runner_plans.GemmPlan, runner_plans.LtPlan
 
     def picky(real):
         def make(a, b, *rest, **kw):
@@ -66,8 +66,8 @@ def test_products_declined_on_strided_operands_run_on_packed_copies(monkeypatch,
 
         return make
 
-    monkeypatch.setattr(gpu_runner, "GemmPlan", picky(real_gemm))
-    monkeypatch.setattr(gpu_runner, "LtPlan", picky(real_lt))
+    monkeypatch.setattr(runner_plans, "GemmPlan", picky(real_gemm))
+    monkeypatch.setattr(runner_plans, "LtPlan", picky(real_lt))
     torch.manual_seed(1)
     a, b = torch.randn(24, 40), torch.randn(40, 32)
 
@@ -84,14 +84,14 @@ def test_products_declined_on_strided_operands_run_on_packed_copies(monkeypatch,
 
 
 def test_a_convolution_declined_on_a_strided_input_runs_on_a_packed_copy(monkeypatch):
-    real = gpu_runner.ConvPlan
+    real = runner_plans.ConvPlan
 
     def picky(x, w, *rest, **kw):
         if not _packed(x):
             raise ConvError("declined for this test: packed input only")
         return real(x, w, *rest, **kw)
 
-    monkeypatch.setattr(gpu_runner, "ConvPlan", picky)
+    monkeypatch.setattr(runner_plans, "ConvPlan", picky)
     torch.manual_seed(2)
     x, w = torch.randn(2, 3, 12, 16), torch.randn(4, 3, 3, 3)
 

@@ -14,6 +14,7 @@ import torch
 
 import saturn  # noqa: F401 - registers the device
 from saturn import gpu_runner as gr
+from saturn import runner_lending
 
 DEV = torch.device("saturn:0")
 
@@ -34,7 +35,8 @@ class HostDriver:
 @pytest.fixture
 def driver(monkeypatch):
     d = HostDriver()
-    monkeypatch.setattr(gr, "_driver", lambda: d)
+    for module in (gr, runner_lending):  # where the runner and its lending read the driver
+        monkeypatch.setattr(module, "_driver", lambda: d)
     return d
 
 

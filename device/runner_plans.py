@@ -1,0 +1,187 @@
+"""The GPU runner's library plans (a mixin of ``GpuRunner``): nvmath/cuBLASLt matrix products
+and cuDNN convolutions planned at the first call for the layouts it sees, custom ops'
+operands, and the workspaces they share (one per runner, the largest any plan asked for).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
+from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
+from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
+from saturn.eqsat.optable import HALVES
+
+from .dtypes import DTYPES
+from .eager_kernels import strided_copy
+
+log = logging.getLogger("saturn")
+
+
+def layout(t: torch.Tensor) -> Layout:
+    return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
+
+
+class LibraryPlans:
+    def _workspace(self, nbytes: int, keep: bool = True):
+        """Scratch device memory for tuning (one buffer, grown as needed; its address) or,
+        with ``keep=False``, a buffer of a plan's own (the tensor)."""
+        if not keep:
+            return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        return self._scratch.data_ptr()
+
+    def _kernel_workspace(self, step: str, nbytes: int) -> int:
+        """A kernel's own scratch memory (a split reduction's partials): made at the first
+        call, at the same address in every later one (replay captures it)."""
+        ws = self.workspaces.get(step)
+        if ws is None or ws.numel() < nbytes:
+            ws = self.workspaces[step] = self._workspace(nbytes, keep=False)
+        return ws.data_ptr()
+
+    def _custom_operands(self, step: str, op, ops: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A custom step's operands with those the op reads packed copied, where they are
+        strided views, into buffers of the step's own: made at the first call (never
+        captured), so a captured call copies without allocating."""
+        want = op.packed_positions
+        if not want:
+            return ops
+        bufs = self.custom_packs.setdefault(step, {})
+        ops = list(ops)
+        for i in want:
+            t = ops[i]
+            if t.is_contiguous():
+                continue
+            buf = bufs.get(i)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = bufs[i] = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            strided_copy(t, buf)
+            ops[i] = buf
+        return ops
+
+    def _library_plan(self, k, key: tuple, out: torch.Tensor, ops: list[torch.Tensor]):
+        """The product's or convolution's plan for the operands' layouts; where the library
+        takes no plan for them (a layout cuBLASLt or cuDNN declines: a row stride it does
+        not take, a misaligned slice), the plan for packed copies of the operands that are
+        not packed, made at every call before the plan runs (the copies' buffers are the
+        step's own, at fixed addresses, so replay captures them). A library that declines
+        packed operands too raises: the call then runs uncompiled (decision 0050)."""
+        self.packs.pop(k.output, None)
+
+        def plan(operands):
+            ptrs = tuple(t.data_ptr() for t in operands)
+            lays = tuple(layout(t) for t in operands)
+            if k.kind == "gemm":
+                return self._gemm_plan(k, lays, out, ptrs)
+            return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
+
+        try:
+            return plan(ops)
+        except (GemmError, ConvError) as e:
+            packs = {
+                i: torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                for i, t in enumerate(ops)
+                if not t.is_contiguous()
+            }
+            if not packs:
+                raise
+            log.info(
+                "saturn: %s %s: %s; planned on packed copies of operands %s",
+                k.kind,
+                k.output,
+                str(e).splitlines()[0][:200],
+                sorted(packs),
+            )
+        for i, buf in packs.items():
+            strided_copy(ops[i], buf)
+        made = plan([packs.get(i, t) for i, t in enumerate(ops)])
+        self.packs[k.output] = packs
+        return made
+
+    def _gemm_plan(self, k, key: tuple, out: torch.Tensor, ptrs: tuple[int, ...]):
+        """The product's plan, tuned on this call's operands. float16/bfloat16 products are
+        cuBLASLt plans of their own (float32 accumulation, one rounding) sharing one
+        workspace: they run one after another on the stream, and the workspace's fixed
+        address is what replay captures."""
+        bias = key[2] if len(key) == 3 else None
+        args = (key[0], key[1], layout(out), k.attrs["epilogue"], bias)
+        ptrs = (*ptrs[:2], out.data_ptr(), *ptrs[2:])
+        if key[0].dtype in HALVES:
+            if self._lt_workspace is None:
+                self._lt_workspace = self._workspace(WORKSPACE_BYTES, keep=False)
+            ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
+            return LtPlan(*args, ptrs, self.stream, ws)
+        return GemmPlan(
+            *args,
+            ptrs,
+            self.stream,
+            self.precision,
+            alloc=lambda n: self._workspace(n, keep=False),
+            choose=self.choose_precision,
+            gelu=self.gelu_epilogue,
+        )
+
+    def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
+        """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split
+        plan is timed against the float32 one and kept only where faster (as for GEMMs)."""
+        a = k.attrs
+        x, w, bias = key[0], key[1], key[2] if a["bias"] else None
+        out_lay = layout(self.buffers[k.output])
+        params = ConvParams(
+            tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
+        )
+        plan = ConvPlan(x, w, bias, out_lay, params, self.stream, self.precision == "tf32")
+        plan.autotune(ptrs, self._workspace)
+        self._scratch = None
+        ws = self._conv_workspace(plan.workspace_size)
+        if self.precision == "tf32x3" and x.dtype == "f32":
+            try:
+                split = SplitConvPlan(
+                    x, w, bias, out_lay, params, self.stream, lambda n: self._workspace(n, False)
+                )
+            except ConvError as e:
+                log.info("saturn: convolution %s stays float32: %s", k.output, e)
+                split = None
+            if split is not None:
+                split.autotune(ptrs, self._workspace)
+                self._scratch = None
+                sws = self._conv_workspace(split.workspace_size)
+                split.timings = {
+                    "tf32x3": time_on_stream(lambda: split.run(ptrs, sws.data_ptr()), self.stream)
+                }
+                if self.choose_precision:
+                    split.timings["fp32"] = time_on_stream(
+                        lambda: plan.run(ptrs, ws.data_ptr()), self.stream
+                    )
+                if not self.choose_precision or split.timings["tf32x3"] < split.timings["fp32"]:
+                    plan, ws = split, sws
+                else:
+                    plan.timings = split.timings
+        # one buffer for every convolution, grown as plans need more (_share_conv_workspaces)
+        if self._conv_ws is None or self._conv_ws.numel() < ws.numel():
+            self._conv_ws = ws
+        self.workspaces[k.output] = self._conv_ws
+        self.conv_steps.add(k.output)
+        return plan
+
+    def _conv_workspace(self, nbytes: int) -> torch.Tensor:
+        """The shared convolution workspace where it is large enough, else a new buffer."""
+        if self._conv_ws is not None and self._conv_ws.numel() >= max(nbytes, 1):
+            return self._conv_ws
+        return self._workspace(nbytes, keep=False)
+
+    def _share_conv_workspaces(self) -> None:
+        """After the first call, which made every plan: every convolution step's workspace
+        is the largest one. The steps run one after another on saturn's stream, so none
+        reads scratch another wrote (the half products share one already); a buffer per
+        step added up (ResNet-152 in float32 peaked at 8.5 GB on the H200, eager at 0.6 GB).
+        During the first call the shared buffer grows as plans need more (steps planned
+        before a growth keep the smaller one until now). This runs before replay captures,
+        so the captured graph reads the shared buffer; a plan made later either fits it or
+        takes the larger buffer it needs (the steps captured before keep theirs)."""
+        for n in self.conv_steps:
+            self.workspaces[n] = self._conv_ws
+        self.conv_steps.clear()
