@@ -24,7 +24,7 @@ from saturn.eqsat.compile_cache import compile_cached
 from saturn.eqsat.errors import EqsatError, RuleError
 from saturn.eqsat.pipeline import Compiled, Stages
 
-from . import decompositions
+from . import decompositions, gpu_stack
 from .constants import lift_constants
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, options_for_mode, parse
@@ -160,6 +160,8 @@ def compile_fx(
 ) -> CompiledGraph:
     t0 = time.perf_counter()
     device = _target(opts, example_inputs)
+    if device.index >= 1:
+        gpu_stack.check_once()
     imported = import_graph(gm, replacements=device.index >= 1)
     t_import = time.perf_counter() - t0
     kinds = _devices_of(example_inputs)
