@@ -7,6 +7,8 @@ L2 cache from host memory between candidates: 0.1 s a product, 22 s in all). The
 depends only on what cuBLASLt was asked: the operands' layouts and dtype, the epilogue, the
 compute type, the pointers' alignments (the heuristic's candidates differ with them) and the
 GPU. Those are the key; a plan with a key seen before takes the choice without timing.
+cuDNN convolution plans keep theirs the same way (``CONV_TUNINGS``: the plan index among
+cuDNN's ranked candidates for the same operation graph, with its workspace and time).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def device_of(ptr: int) -> int:
 class Tunings:
     """key -> the choice a plan timed, with how often a choice was timed and reused."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "gemm") -> None:
+        self.name = name  # the counters' prefix in saturn.stats()
         self._choices: dict[tuple, Any] = {}
         self.timed = 0
         self.reused = 0
@@ -61,8 +64,9 @@ class Tunings:
         self.timed = self.reused = 0
 
     def stats(self) -> dict[str, int]:
-        return {"gemm_tunings": self.timed, "gemm_tunings_reused": self.reused}
+        return {f"{self.name}_tunings": self.timed, f"{self.name}_tunings_reused": self.reused}
 
 
 # one table per process: cuBLASLt's handles and algorithms are the process's
-TUNINGS = Tunings()
+TUNINGS = Tunings("gemm")
+CONV_TUNINGS = Tunings("conv")

@@ -371,7 +371,7 @@ def stats() -> dict:
     uncompiled and why, compiled calls that failed and ran uncompiled (eager did not fail),
     host steps and crossings in the graphs compiled, and eager ops that ran through the
     CPU fallback (by ATen op)."""
-    from saturn.codegen.gemm_tuning import TUNINGS
+    from saturn.codegen.gemm_tuning import CONV_TUNINGS, TUNINGS
 
     from ._runtime import fallback_counts
     from .custom_ops import fallback_counts as custom_fallbacks
@@ -386,8 +386,10 @@ def stats() -> dict:
         "crossings": CACHE.crossings,
         "eager_fallbacks": fallback_counts(),
         "custom_op_fallbacks": custom_fallbacks(),
-        # library products timed, and plans that took a choice timed before (gemm_tuning)
+        # library products and convolutions timed, and plans that took a choice timed
+        # before (gemm_tuning)
         **TUNINGS.stats(),
+        **CONV_TUNINGS.stats(),
     }
 
 

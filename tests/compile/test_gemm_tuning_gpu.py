@@ -39,3 +39,34 @@ def test_repeated_layers_time_their_product_once(dtype):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     else:
         torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_repeated_convolutions_time_their_plan_once(dtype):
+    """The same for cuDNN convolution plans (``CONV_TUNINGS``): six identical 3x3
+    convolutions, one plan index timed per alignment, values as eager's."""
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU())
+        for _ in range(6)
+    ]
+    model = torch.nn.Sequential(*blocks).eval()
+    x = torch.randn(4, 32, 28, 28)
+    with torch.no_grad():
+        want = model(x)
+        ref = model.to(dtype)(x.to(dtype)).float()
+        torch._dynamo.reset()
+        before = saturn.stats()
+        fallbacks = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
+        compiled = torch.compile(model.to(GPU), backend="saturn", dynamic=False)
+        got = compiled(x.to(dtype).to(GPU)).float().cpu()
+        after = saturn.stats()
+    assert (len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)) == fallbacks
+    timed = after["conv_tunings"] - before["conv_tunings"]
+    reused = after["conv_tunings_reused"] - before["conv_tunings_reused"]
+    assert timed >= 1 and reused >= 4, (timed, reused)
+    if dtype == torch.float32:
+        # cuDNN may pick a Winograd or FFT algorithm for float32 (TF32 stays off): within 1e-4
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
