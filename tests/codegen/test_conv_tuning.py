@@ -93,3 +93,17 @@ def test_other_flags_or_alignments_time_their_own():
     for p in (tf32, misaligned):
         assert p.graph.executed and p.graph.selected == 1
     assert CONV_TUNINGS.stats() == {"conv_tunings": 3, "conv_tunings_reused": 0}
+
+
+def test_a_shared_choice_that_does_not_build_is_timed_again():
+    tuned(plan())
+
+    class Refusing(FakeGraph):
+        def select_plan(self, i):
+            if self.executed == []:  # the shared index, before any timing
+                raise RuntimeError("plan 1 does not build")
+            super().select_plan(i)
+
+    other = plan(graph=Refusing())
+    tuned(other)
+    assert other.graph.executed and other.graph.selected == 1 and other.candidates == 4
