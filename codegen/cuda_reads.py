@@ -6,6 +6,7 @@ form, stores, and the warp-level pieces of reductions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numba import config
@@ -149,9 +150,17 @@ def _identity(kind: str, dtype: str) -> str:
 
 
 def _operand_reads(
-    k: Kernel, flat_index: str, rank: int, domain_names: list[str], ind: str, narrow: bool = False
+    k: Kernel,
+    flat_index: str,
+    rank: int,
+    domain_names: list[str],
+    ind: str,
+    narrow: bool = False,
+    used: set[int] | None = None,
+    name: Callable[[int], str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Statements reading every operand at the domain's flat index; the int params used.
+    """Statements reading every operand (or those in ``used``) at the domain's flat index
+    into ``in{i}_v`` (or ``name(i)``); the int params used, by every operand.
     ``narrow``: index arithmetic (strided offsets, broadcast operands' divisions) in 32-bit
     unsigned integers, over the ``u``-prefixed copies of the parameters ``narrow_head``
     makes."""
@@ -163,6 +172,8 @@ def _operand_reads(
         lines.append(f"{ind}fi = {cast(flat_index)}")
         fi = "fi"
     for i, o in enumerate(k.inputs):
+        v = name(i) if name else f"in{i}_v"
+        emit = used is None or i in used
         if o.indexing == "same":
             idx = flat_index
         elif o.indexing == "scalar":
@@ -176,7 +187,7 @@ def _operand_reads(
         elif _row_constant(k, i):  # read once per row (``_row_constant_head``)
             g = _group(k, i) if o.indexing == "middle" else i
             ints += [f"r{g}", f"m{g}"] if o.indexing == "middle" else [f"r{i}"]
-            lines.append(f"{ind}in{i}_v = rc{i}")
+            lines += [f"{ind}{v} = rc{i}"] if emit else []
             continue
         elif o.indexing == "leading":
             idx = f"{fi} // {u}r{i}"
@@ -188,13 +199,13 @@ def _operand_reads(
         elif o.indexing == "table":  # rows kernels: the taken row (``_take_head``)
             zero = f"{NUMBA_TYPE[compute_dtype(o.dtype)]}(0)"
             read = load_expr(o.dtype, f"in{i}[tb + r]")
-            lines.append(f"{ind}in{i}_v = {read} if tok else {zero}")
+            lines += [f"{ind}{v} = {read} if tok else {zero}"] if emit else []
             continue
         elif o.indexing == "rowindex":  # read once per row, by ``_take_head``
             continue
         else:
             idx = f"off{i}"
-        lines.append(f"{ind}in{i}_v = {load_expr(o.dtype, f'in{i}[{idx}]')}")
+        lines += [f"{ind}{v} = {load_expr(o.dtype, f'in{i}[{idx}]')}"] if emit else []
     return lines, sorted(set(ints), key=ints.index)
 
 
@@ -323,9 +334,11 @@ def _vector_reads(
     used: set[int] | None = None,
     narrow: bool = False,
     runs: str = "check",
+    name: Callable[[int], str] | None = None,
 ) -> list[str]:
     """Statements reading ``lanes`` adjacent elements (flat index ``j`` on) of every operand
-    (or those in ``used``) as ``in{i}_v{u}``: packed operands as one vector access,
+    (or those in ``used``) as ``in{i}_v{u}`` (or ``name(i)`` then the lane): packed
+    operands as one vector access,
     broadcast operands once per run where the lanes share a value. ``runs`` says how
     middle and leading operands (runs of ``r`` equal values) are read: ``check`` tests
     whether the step stays in one run, ``shared`` knows it does (``q{g}``, the run, is
@@ -338,7 +351,8 @@ def _vector_reads(
     for i, o in enumerate(k.inputs):
         if used is not None and i not in used:
             continue
-        names = [f"in{i}_v{u}" for u in range(lanes)]
+        base = name(i) if name else f"in{i}_v"
+        names = [f"{base}{u}" for u in range(lanes)]
         if _row_constant(k, i):  # one value per row (``_row_constant_head``)
             lines += [f"{ind}{v} = rc{i}" for v in names]
             continue
@@ -369,10 +383,11 @@ def _vector_reads(
             continue
         per_lane = []
         for u in range(lanes):
-            r, _ = _operand_reads(k, f"(j + {u})", rank, dnames, ind, narrow)
-            at = r.index(next(ln for ln in r if ln.startswith(f"{ind}in{i}_v =")))
-            pre = [ln for ln in r[:at] if ln.startswith(f"{ind}fi =")]
-            per_lane += [*pre, r[at].replace("_v =", f"_v{u} =")]
+            r, _ = _operand_reads(
+                k, f"(j + {u})", rank, dnames, ind, narrow, {i}, lambda _, v=names[u]: v
+            )
+            pre = [ln for ln in r[:-1] if ln.startswith(f"{ind}fi =")]
+            per_lane += [*pre, r[-1]]
         if o.indexing in ("middle", "leading") and runs != "per-lane":
             g = _group(k, i) if o.indexing == "middle" else i
             at = f"q{g} % {u_}m{g}" if o.indexing == "middle" else f"q{g}"

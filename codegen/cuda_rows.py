@@ -6,7 +6,6 @@ registers or shared memory between passes where they fit (``row_cache``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 
 from saturn.eqsat.program import TAKE_TABLES, Kernel, leaves
@@ -134,7 +133,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     dnames = [f"s{d}" for d in range(rank)]
     uses_shape = any(o.indexing == "strided" for o in k.inputs)
     ind = "            "
-    all_reads, ints = _operand_reads(k, "j", rank, dnames, ind)
+    ints = _operand_reads(k, "j", rank, dnames, ind)[1]  # the int params every read uses
     take = k.attrs.get("take")
     params = Params(
         ["out", *[f"in{i}" for i in range(len(k.inputs))], *(["err"] if take else [])],
@@ -152,15 +151,14 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         return f"h{t}_{base}" if t is not None and i in kept else base
 
     def reads(used: set[int], t: int | None = None) -> list[str]:
+        """Reads of the operands in ``used``; a kept operand's into its step's variable."""
+
+        def name(i: int) -> str:
+            return f"h{t}_in{i}_v" if t is not None and i in kept else f"in{i}_v"
+
         if lanes > 1:
-            lines = _vector_reads(k, lanes, rank, dnames, ind, used)
-        else:
-            skip = tuple(f"{ind}in{i}_v =" for i in range(len(k.inputs)) if i not in used)
-            lines = [ln for ln in all_reads if not ln.startswith(skip)] if skip else all_reads
-        if t is None or not kept:
-            return lines
-        pattern = re.compile(rf"\bin({'|'.join(map(str, kept))})_v")
-        return [pattern.sub(lambda m: f"h{t}_in{m.group(1)}_v", ln) for ln in lines]
+            return _vector_reads(k, lanes, rank, dnames, ind, used, name=name)
+        return _operand_reads(k, "j", rank, dnames, ind, used=used, name=name)[0]
 
     def bodies(e: tuple, tag: str, t: int | None = None) -> tuple[list[str], list[str]]:
         """Statements and result variables of ``e`` for each lane of a step."""
