@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -83,7 +84,9 @@ def start_reference(script: str, name: str, device: str, dtype: str, size: str, 
     its result is read with ``reference_result``."""
     cmd = [sys.executable, script, "--reference", name, "--device", device]
     cmd += ["--dtype", dtype, "--size", size, "--baselines", baselines]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a plain PyTorch process: no out-of-tree device loaded behind its back either
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def reference_result(proc: subprocess.Popen, timeout: float | None = None) -> dict:
