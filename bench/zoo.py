@@ -313,7 +313,9 @@ def moved(model, inputs, device, dtype):
 
 def _training():
     """bench/zoo_training.py, beside this file."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     import zoo_training
 
     return zoo_training

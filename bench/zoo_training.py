@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -29,34 +30,31 @@ import torch
 LR = 1e-3
 
 
-def step(model, inputs, opt) -> torch.Tensor:
-    """One step: zero the gradients, forward, the loss, backward, update. The loss returned
-    is the one before the update."""
+def step(model, inputs, opt, first) -> torch.Tensor:
+    """One step: zero the gradients, forward, the loss, backward, update. ``first`` picks
+    the output tensor the loss is taken of (``zoo._first``). The loss returned is the one
+    before the update."""
     opt.zero_grad(set_to_none=False)
-    out = model(*inputs)
-    while isinstance(out, tuple | list):
-        out = out[0]
-    out = out if isinstance(out, torch.Tensor) else out[0]
-    loss = out.float().square().mean()
+    loss = first(model(*inputs)).float().square().mean()
     loss.backward()
     opt.step()
     return loss.detach()
 
 
-def measures(model, inputs, opt, sync) -> tuple[list[float], float]:
+def measures(model, inputs, opt, sync, first) -> tuple[list[float], float]:
     """Two steps' losses and the first step's gradient norms (one vector), with the first
     step's wall time (compile included for a compiled model)."""
     t = time.perf_counter()
-    first = step(model, inputs, opt)
+    loss1 = step(model, inputs, opt, first)
     sync()
     took = time.perf_counter() - t
     norms = [
         0.0 if p.grad is None else p.grad.detach().to("cpu", torch.float64).norm().item()
         for p in model.parameters()
     ]
-    second = step(model, inputs, opt)
+    loss2 = step(model, inputs, opt, first)
     sync()
-    return [first.item(), second.item(), *norms], took
+    return [loss1.item(), loss2.item(), *norms], took
 
 
 def error(got: list[float], want: list[float]) -> float:
@@ -66,17 +64,16 @@ def error(got: list[float], want: list[float]) -> float:
     return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0) / scale
 
 
-def timed_steps(model, inputs, opt, sync, repeats: int) -> float:
+def timed_steps(model, inputs, opt, sync, first, repeats: int) -> float:
     """Median wall time of a synchronized step."""
     times = []
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
-        step(model, inputs, opt)
+        step(model, inputs, opt, first)
         sync()
         times.append(time.perf_counter() - t)
-    times.sort()
-    return times[len(times) // 2]
+    return statistics.median(times)
 
 
 def start_reference(script: str, name: str, device: str, dtype: str, size: str, baselines: str):
@@ -122,11 +119,12 @@ def reference(zoo, name: str, device: str, dtype_name: str, size: str, baselines
     model, inputs = zoo.build(name, size)
     m32, x32 = zoo.moved(model, inputs, dev, torch.float32)
     with _phase("eager float32 steps"):
-        out["want32"], _ = measures(m32, x32, torch.optim.SGD(m32.parameters(), lr=LR), sync)
+        opt32 = torch.optim.SGD(m32.parameters(), lr=LR)
+        out["want32"], _ = measures(m32, x32, opt32, sync, zoo._first)
     m_e, x_e = zoo.moved(model, inputs, dev, dtype)
     opt_e = torch.optim.SGD(m_e.parameters(), lr=LR)
     with _phase(f"eager {dtype_name} steps"):
-        out["eager"], _ = measures(m_e, x_e, opt_e, sync)
+        out["eager"], _ = measures(m_e, x_e, opt_e, sync, zoo._first)
     out["eager_error"] = error(out["eager"], out["want32"])
     ind = None
     if gpu and baselines == "all":
@@ -134,16 +132,16 @@ def reference(zoo, name: str, device: str, dtype_name: str, size: str, baselines
         opt_i = torch.optim.SGD(m_i.parameters(), lr=LR)
         try:
             ind = torch.compile(m_i)
-            _, out["inductor_first_s"] = measures(ind, x_i, opt_i, sync)
+            _, out["inductor_first_s"] = measures(ind, x_i, opt_i, sync, zoo._first)
         except Exception as e:
             ind = None
             out["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     shared.close()
     if baselines != "none":
         with zoo._slot(exclusive=True), _phase("timed eager steps"):
-            out["eager_s"] = timed_steps(m_e, x_e, opt_e, sync, zoo.REPEATS)
+            out["eager_s"] = timed_steps(m_e, x_e, opt_e, sync, zoo._first, zoo.REPEATS)
             if ind is not None:
-                out["inductor_s"] = timed_steps(ind, x_i, opt_i, sync, zoo.REPEATS)
+                out["inductor_s"] = timed_steps(ind, x_i, opt_i, sync, zoo._first, zoo.REPEATS)
     return out
 
 
@@ -169,7 +167,7 @@ def run(zoo, name: str, device: str, dtype_name: str, size: str, repeats: int, b
     compiled = torch.compile(m_s, backend="saturn", dynamic=False)
     opt = torch.optim.SGD(m_s.parameters(), lr=LR)
     try:
-        got, row["first_call_s"] = measures(compiled, x_s, opt, sync)
+        got, row["first_call_s"] = measures(compiled, x_s, opt, sync, zoo._first)
     except Exception as e:
         proc.kill()
         row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -178,7 +176,7 @@ def run(zoo, name: str, device: str, dtype_name: str, size: str, repeats: int, b
     row.update(stats)
     shared.close()
     with zoo._slot(exclusive=True):
-        row["saturn_s"] = timed_steps(compiled, x_s, opt, sync, repeats)
+        row["saturn_s"] = timed_steps(compiled, x_s, opt, sync, zoo._first, repeats)
     row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
     row["replays"] = sum(
         cg.recipe.runner.replays for cg in new if getattr(cg.recipe, "runner", None)

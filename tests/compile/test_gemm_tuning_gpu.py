@@ -14,12 +14,10 @@ pytestmark = pytest.mark.gpu
 GPU = "saturn:1"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_repeated_layers_time_their_product_once(dtype):
-    torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(6)]
-    model = torch.nn.Sequential(*blocks).eval()
-    x = torch.randn(64, 256)
+def repeated(model, x, dtype, library: str, fp32_tol: float) -> tuple[int, int]:
+    """``model`` compiled for saturn:1 in ``dtype``: no graph or call uncompiled, the values
+    eager's (float32 within ``fp32_tol``; bfloat16 within twice eager bfloat16's own distance
+    from float32); returns the ``library`` choices timed and reused by the compile."""
     with torch.no_grad():
         want = model(x)
         ref = model.to(dtype)(x.to(dtype)).float()  # eager's own rounding, for bf16
@@ -30,43 +28,35 @@ def test_repeated_layers_time_their_product_once(dtype):
         got = compiled(x.to(dtype).to(GPU)).float().cpu()
         after = saturn.stats()
     assert (len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)) == fallbacks
-    timed = after["gemm_tunings"] - before["gemm_tunings"]
-    reused = after["gemm_tunings_reused"] - before["gemm_tunings_reused"]
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=fp32_tol, atol=fp32_tol)
+    else:
+        torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
+    timed = after[f"{library}_tunings"] - before[f"{library}_tunings"]
+    return timed, after[f"{library}_tunings_reused"] - before[f"{library}_tunings_reused"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_repeated_layers_time_their_product_once(dtype):
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(6)]
+    model = torch.nn.Sequential(*blocks).eval()
+    timed, reused = repeated(model, torch.randn(64, 256), dtype, "gemm", 1e-5)
     # six identical products: one timed per alignment the memory plan gave the operands (the
     # arena's offsets), the rest reuse a choice
     assert reused >= 4, (timed, reused)
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    else:
-        torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_repeated_convolutions_time_their_plan_once(dtype):
     """The same for cuDNN convolution plans (``CONV_TUNINGS``): six identical 3x3
-    convolutions, one plan index timed per alignment, values as eager's."""
+    convolutions, one plan index timed per alignment, values as eager's (cuDNN may pick a
+    Winograd or FFT algorithm for float32 with TF32 off: within 1e-4)."""
     torch.manual_seed(0)
     blocks = [
         torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU())
         for _ in range(6)
     ]
     model = torch.nn.Sequential(*blocks).eval()
-    x = torch.randn(4, 32, 28, 28)
-    with torch.no_grad():
-        want = model(x)
-        ref = model.to(dtype)(x.to(dtype)).float()
-        torch._dynamo.reset()
-        before = saturn.stats()
-        fallbacks = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
-        compiled = torch.compile(model.to(GPU), backend="saturn", dynamic=False)
-        got = compiled(x.to(dtype).to(GPU)).float().cpu()
-        after = saturn.stats()
-    assert (len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)) == fallbacks
-    timed = after["conv_tunings"] - before["conv_tunings"]
-    reused = after["conv_tunings_reused"] - before["conv_tunings_reused"]
+    timed, reused = repeated(model, torch.randn(4, 32, 28, 28), dtype, "conv", 1e-4)
     assert timed >= 1 and reused >= 4, (timed, reused)
-    if dtype == torch.float32:
-        # cuDNN may pick a Winograd or FFT algorithm for float32 (TF32 stays off): within 1e-4
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    else:
-        torch.testing.assert_close(got, ref, rtol=0, atol=2 * (ref - want).abs().max().item())
