@@ -117,6 +117,10 @@ def reference(zoo, name: str, device: str, dtype_name: str, size: str, baselines
     shared = contextlib.ExitStack()
     shared.enter_context(zoo._slot(exclusive=False))
     model, inputs = zoo.build(name, size)
+    if "saturn" in sys.modules:  # a library probing for a package found one of bench/'s modules
+        raise RuntimeError(
+            f"building {name} imported saturn: CUDA autograd would fail here (decision 0069)"
+        )
     m32, x32 = zoo.moved(model, inputs, dev, torch.float32)
     with _phase("eager float32 steps"):
         opt32 = torch.optim.SGD(m32.parameters(), lr=LR)

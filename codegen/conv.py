@@ -156,6 +156,7 @@ class ConvPlan:
         self.workspace_size = int(g.get_workspace_size())
         self.tuned: tuple[float, int, int] | None = None  # (ms per call, plan index, workspace)
         self.candidates = 0  # plans the last autotune timed
+        self.reused = False  # the choice came from a plan of the same problem (CONV_TUNINGS)
         self.timings: dict[str, float] = {}  # ms per call, when tf32x3 was timed against it
 
     def _graph(self, x: Layout, w: Layout, bias, out: Layout, p: ConvParams, t, acc, want):
@@ -211,6 +212,7 @@ class ConvPlan:
                 g.select_plan(i)
                 g.build_plans()
                 self.workspace_size, self.tuned, self.candidates = need, chosen, 0
+                self.reused = True
                 return
             except Exception:  # the index does not build here after all: time candidates
                 pass

@@ -20,7 +20,7 @@ from .movement import (
     narrow_copies,
 )
 
-BLOCKS_PER_SM = 32  # loop kernels: grid cap (bench/kernels.py sweeps it)
+BLOCKS_PER_SM = 32  # loop kernels: grid cap (bench/kernel_speed.py sweeps it)
 
 
 ROW_WARP_LIMIT = 1024  # rows shorter than this reduce with one warp per row
@@ -285,7 +285,7 @@ def _store(k: Kernel, index: str, value: str) -> str:
 MEMORY_SIZE = ot.ITEMSIZE  # bytes per element in memory (bools: one byte)
 
 
-VECTOR = True  # packed loops use vector loads and stores (bench/kernels.py turns it off)
+VECTOR = True  # packed loops use vector loads and stores (bench/kernel_speed.py turns it off)
 
 
 def vector_lanes(k: Kernel) -> int:

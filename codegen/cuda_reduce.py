@@ -46,7 +46,7 @@ def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str)
     element into ``acc``. ``index`` is the flat index of element ``r`` (``{r}`` in it);
     ``element(ind, var)`` gives the lines computing the element at ``f`` into ``var``.
     (Unrolled four times, with the loads ahead of the adds, the narrow reductions of
-    bench/kernels.py ran no faster: 83 -> 96 us, 32 -> 37 us on the H200.)"""
+    bench/kernel_speed.py ran no faster: 83 -> 96 us, 32 -> 37 us on the H200.)"""
     return [
         f"{ind}while r < {bound}:",
         f"{ind}    f = {index.format(r='r')}",

@@ -80,11 +80,14 @@ def test_zoo_training_step_on_saturn0(name):
     torch._dynamo.reset()
 
 
-def test_zoo_training_rows_compare_with_a_reference_process():
+@pytest.mark.parametrize("name", ["resnet18", "DistilBertModel"])
+def test_zoo_training_rows_compare_with_a_reference_process(name):
     """``bench/zoo.py --training``: saturn's step against eager's, computed in a process that
-    never imports saturn (on a GPU, CUDA autograd). Both graphs (forward and backward)
-    compiled, the losses and gradient norms equal to eager CPU's."""
-    row = zoo.run_one("resnet18", "saturn:0", "float32", "tiny", repeats=1, training=True)
+    never imports saturn (on a GPU, CUDA autograd), not even through a library that probes
+    for optional packages with bench/ on its path (transformers imports ``kernels`` if it
+    finds one). Both graphs (forward and backward) compiled, the losses and gradient norms
+    equal to eager CPU's."""
+    row = zoo.run_one(name, "saturn:0", "float32", "tiny", repeats=1, training=True)
     assert row.get("correct"), row
     assert row["graphs"] == 2 and row["uncompiled"] == 0 and row["failed_calls"] == [], row
     assert 0 <= row["error"] <= 1e-4 and "eager_s" in row, row

@@ -10,7 +10,7 @@ What is timed (device time by CUDA events, median of repeats, after warm-up):
   launch      host time of one saturn launch (cuda.core, no dispatcher), median of 2000
 Bandwidth counts each input read once and each output written once.
 
-    python bench/kernels.py            (on a GPU machine)
+    python bench/kernel_speed.py            (on a GPU machine)
 """
 
 from __future__ import annotations
