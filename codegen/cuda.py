@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel
 
 from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's interface)
@@ -155,13 +156,13 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
     _refuse_halves(k)
     halves = any(d in HALVES for d in dtypes) or _casts_to_half(k)
-    if k.kind == "loop":
+    if k.kind == Kind.LOOP:
         body, params = loop_source(k, fn, lanes, narrow)
         style = "loop"
-    elif k.kind == "reduce":
+    elif k.kind == Kind.REDUCE:
         body, params, style = reduce_source(k, fn, narrow)
         lanes = 1
-    elif k.kind == "rows":
+    elif k.kind == Kind.ROWS:
         body, params = rows_source(k, fn, lanes)
         style = rows_style(k, lanes)
     else:
@@ -201,8 +202,8 @@ def _ops_named(k: Kernel) -> str:
     kernel's stage reductions), then the distinct operations of its stages, body and
     epilogue in order of first appearance (up to ``NAMED_OPS``, then ``etc``), each
     followed by ``_``: ``loop_add_relu_<digest>``, ``rows_max_sum_add_exp_<digest>``."""
-    names: list[str] = [k.attrs["reduce"]] if k.kind == "reduce" else []
-    stages = list(k.stages or ()) if k.kind == "rows" else []
+    names: list[str] = [k.attrs["reduce"]] if k.kind == Kind.REDUCE else []
+    stages = list(k.stages or ()) if k.kind == Kind.ROWS else []
     names += list(dict.fromkeys(st.reduce for st in stages))  # a softmax: max, sum
     exprs = [e for st in stages for e in (st.body, st.epilogue) if e is not None]
     exprs += [e for e in (k.body, k.epilogue) if e is not None]
@@ -232,7 +233,7 @@ def _refuse_halves(k: Kernel) -> None:
     at the store); a reduction too, accumulating in float32 or float64 (a rows kernel's
     stages always do: ``ROW_FLOATS``). A reduction accumulating in a half type is not
     built."""
-    if k.kind == "reduce" and _acc_dtype(k) in HALVES:
+    if k.kind == Kind.REDUCE and _acc_dtype(k) in HALVES:
         raise KernelError(f"a reduction accumulating in {_acc_dtype(k)} is not built")
 
 
@@ -292,9 +293,9 @@ def size_args(
     (in elements). Raises when an operand does not fit what the kernel was built for."""
     domain = tuple(k.domain)
     vals: dict[str, int] = {f"s{d}": s for d, s in enumerate(domain)}
-    if k.kind == "loop":
+    if k.kind == Kind.LOOP:
         vals["n"] = math.prod(domain)
-    elif k.kind == "rows":
+    elif k.kind == Kind.ROWS:
         vals["red"] = domain[-1] if domain else 1
         vals["outer"] = math.prod(domain) // vals["red"] if vals["red"] else 0
     else:
@@ -355,12 +356,12 @@ class CudaKernel:
         self.g = generate(k)
         # a reduction too narrow to fill the device: (chunks, chunk, partial, fold kernels)
         self.split: tuple | None = None
-        if k.kind == "reduce":
+        if k.kind == Kind.REDUCE:
             chunks, chunk = split_plan(k, sm_count)
             if chunks > 1:
                 self.split = (chunks, chunk, *generate_split(k))
         self._variants: dict[tuple[int, bool], tuple[Generated, object]] = {}
-        self._indexed = k.kind in ("loop", "reduce") and index_arithmetic(k)
+        self._indexed = k.kind in (Kind.LOOP, Kind.REDUCE) and index_arithmetic(k)
         self._strided = any(o.indexing == "strided" for o in k.inputs)
         self.takes = "take" in k.attrs  # a fused take: an error word after the operands
         # operand layout -> (strided operands readable as vectors, narrow index arithmetic)

@@ -12,6 +12,7 @@ import numpy as np
 from numba import config
 
 from saturn.eqsat import optable as ot
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel
 
 from .expr import NUMBA_TYPE, BodyWriter
@@ -218,7 +219,7 @@ def _strided_offsets(
     u = "u" if narrow else ""
     cast = _uint32 if narrow else str
     strided = [i for i, o in enumerate(k.inputs) if o.indexing == "strided"]
-    if strided and k.kind == "rows" and rank:  # from the row's base (``_row_strided_head``)
+    if strided and k.kind == Kind.ROWS and rank:  # from the row's base (``_row_strided_head``)
         last = rank - 1
         for i in strided:
             lines.append(f"{ind}off{i} = sb{i} + r * st{i}_{last}")
@@ -502,7 +503,7 @@ def _row_trailing(k: Kernel, i: int) -> bool:
     start (``pb{i}``, worked out once per row) and element ``r`` needs no division (a layer
     norm's weight: ``pb`` is 0; position rows under a batch)."""
     o = k.inputs[i]
-    if k.kind != "rows" or o.indexing != "trailing" or not k.domain or not o.shape:
+    if k.kind != Kind.ROWS or o.indexing != "trailing" or not k.domain or not o.shape:
         return False
     return o.shape[-1] == k.domain[-1] and math.prod(o.shape) % k.domain[-1] == 0
 
@@ -514,6 +515,6 @@ def _row_constant(k: Kernel, i: int) -> bool:
     ``row`` reads the value at the row's start, ``(row * red) // r``: read once per row
     (``rc{i}``, ``_row_constant_head``), not divided out at every element of every pass."""
     o = k.inputs[i]
-    if k.kind != "rows" or o.indexing not in ("leading", "middle") or not k.domain:
+    if k.kind != Kind.ROWS or o.indexing not in ("leading", "middle") or not k.domain:
         return False
     return (not o.shape or o.shape[-1] == 1) and k.domain[-1] > 1

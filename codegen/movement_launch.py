@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from saturn.eqsat.kinds import Kind
+
 from .cubins import (
     KernelError,
 )
@@ -73,7 +75,7 @@ class CopyKernel:
     def _kernel(self, kind: str, narrow: bool):
         k = self._kernels.get((kind, narrow))
         if k is None:
-            gen = generate_row_copy if kind == "rows" else generate_copy
+            gen = generate_row_copy if kind == Kind.ROWS else generate_copy
             k = self._kernels[(kind, narrow)] = load(gen(self.width, self.rank, narrow), self.cc)
         return k
 

@@ -22,6 +22,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from saturn.eqsat.compile_cache import compile_cached
 from saturn.eqsat.errors import EqsatError, RuleError
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.pipeline import Compiled, Stages
 
 from . import decompositions, gpu_stack
@@ -201,7 +202,7 @@ def compile_fx(
         io_on_device=io_on_device,
     )
     CACHE.disk_hits += from_disk
-    if device.index >= 1 and any(k.kind == "conv" for k in compiled.program.kernels):
+    if device.index >= 1 and any(k.kind == Kind.CONV for k in compiled.program.kernels):
         from saturn.codegen.conv import cudnn_unavailable
 
         if (why := cudnn_unavailable()) is not None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .dtypes import DTYPES
@@ -94,7 +95,7 @@ def cached(cache: dict, key, make: Callable, limit: int = _CACHE_LIMIT):
 
 def _kernel(body: tuple, dtype: str, operands: list[Operand], domain: tuple) -> cg.CudaKernel:
     def make():
-        kern = Kernel("loop", "out", dtype, domain, operands, body=body, domain=domain)
+        kern = Kernel(Kind.LOOP, "out", dtype, domain, operands, body=body, domain=domain)
         index = torch.saturn.current_device()
         return cg.CudaKernel(kern, torch.saturn.get_device_capability(index))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from saturn.codegen import cuda as cg
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.optable import HALVES
 from saturn.eqsat.program import Kernel, Operand, packed_strides
 
@@ -84,7 +85,7 @@ def _plan(kind: str, x: torch.Tensor, dims: tuple[int, ...]):
     op = Operand("in0", code, domain, indexing)
     half = code in HALVES  # a float32 accumulator, the result rounded once at the store
     k = Kernel(
-        "reduce",
+        Kind.REDUCE,
         "out",
         code,
         out_shape,

@@ -39,6 +39,7 @@ import torch
 from saturn.codegen import cuda as cg
 from saturn.codegen.reshape import gemm_copy_order
 from saturn.eqsat.graph import bits_float
+from saturn.eqsat.kinds import Kind, KindTable
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.program import Step
 from saturn.eqsat.ranges import indices_in_range
@@ -92,43 +93,8 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
-                if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce", "rows"):
-                    self.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
-                    if "take" in s.kernel.attrs:  # a row take read inside (fuse_row_takes)
-                        self.fused_takes += 1
-                        self._unbounded_indices |= not indices_in_range(prog, s)
-                elif s.kind == "kernel" and s.kernel.kind == "custom":
-                    try:
-                        self.custom[s.output] = recipe.custom_op(s.kernel.attrs["name"])
-                    except RuntimeError as e:  # e.g. the built-in "rmsnorm" pattern's kernel
-                        raise NotImplementedError(str(e)) from None
-                elif s.kind == "kernel" and s.kernel.kind == "gather":
-                    table, index = s.kernel.inputs
-                    self.takes[s.output] = cg.TakeKernel(
-                        cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
-                    )
-                    self._unbounded_indices |= not indices_in_range(prog, s)
-                elif s.kind == "kernel" and s.kernel.kind == "scatter":
-                    base, index, _ = s.kernel.inputs
-                    self.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
-                    self._unbounded_indices |= not indices_in_range(prog, s)
-                elif s.kind == "kernel" and s.kernel.kind == "concat":
-                    a = s.kernel.inputs[0]
-                    self.concats[s.output] = cg.ConcatKernel(
-                        cg.MEMORY_SIZE[a.dtype],
-                        len(a.shape),
-                        s.kernel.attrs["dim"],
-                        cc,
-                        len(s.kernel.inputs),
-                    )
-                elif s.kind == "kernel" and s.kernel.kind == "pad":
-                    x = s.kernel.inputs[0]
-                    self.pads[s.output] = (
-                        cg.PadKernel(cg.MEMORY_SIZE[x.dtype], len(x.shape), cc),
-                        fill_word(s.kernel.attrs["value_bits"], x.dtype),
-                    )
-                elif s.kind == "kernel" and s.kernel.kind not in ("gemm", "conv"):
-                    raise NotImplementedError(f"{s.kernel.kind} kernels have no GPU runner yet")
+                if s.kind == "kernel":
+                    BUILD[s.kernel.kind](self, s, cc)
             # every kernel the first call will launch, built in parallel now (or found on
             # disk) rather than one after another as the call reaches it
             gens = [g for k in self.kernels.values() for g in k.expected()]
@@ -270,78 +236,9 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         return out
 
     def _kernel(self, s: Step, env: dict) -> None:
-        k = s.kernel
-        ops = [env[o.value] for o in k.inputs]
-        out = self.buffers[s.output]
+        ops = [env[o.value] for o in s.kernel.inputs]
         check_operands(s, ops)
-        if k.kind in ("loop", "reduce", "rows"):
-            ops = [
-                t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
-                for o, t in zip(k.inputs, ops, strict=True)
-            ]
-            self.kernels[s.output].launch(
-                self.stream,
-                out.data_ptr(),
-                [t.data_ptr() for t in ops],
-                [tuple(t.shape) for t in ops],
-                [tuple(t.stride()) for t in ops],
-                workspace=lambda n: self._kernel_workspace(s.output, n),
-                err_ptr=self.err_word.data_ptr() if "take" in k.attrs else None,
-            )
-            return
-        if k.kind == "gather":
-            table, index = ops
-            self.takes[s.output].launch(
-                self.stream,
-                (out.data_ptr(), table.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
-                (tuple(table.shape), tuple(table.stride())),
-                (tuple(index.shape), tuple(index.stride())),
-            )
-            return
-        if k.kind == "scatter":
-            base, index, values = ops
-            strided_copy(base, out)  # the table first (on the stream): the adds land on it
-            self.scatters[s.output].launch(
-                self.stream,
-                (out.data_ptr(), values.data_ptr(), index.data_ptr(), self.err_word.data_ptr()),
-                base.shape[0],
-                (tuple(values.shape), tuple(values.stride())),
-                (tuple(index.shape), tuple(index.stride())),
-            )
-            return
-        if k.kind == "concat":
-            self.concats[s.output].launch(
-                self.stream,
-                (out.data_ptr(), *(p.data_ptr() for p in ops)),
-                *((tuple(p.shape), tuple(p.stride())) for p in ops),
-            )
-            return
-        if k.kind == "pad":
-            (x,) = ops
-            kernel, fill = self.pads[s.output]
-            shape_strides = (tuple(x.shape), tuple(x.stride()))
-            kernel.launch(
-                self.stream, (out.data_ptr(), x.data_ptr()), shape_strides, k.attrs["pads"], fill
-            )
-            return
-        if k.kind == "custom":
-            op, build = self.custom[s.output]
-            op.run_into(out, build(self._custom_operands(s.output, op, ops), k.attrs["eps_bits"]))
-            return
-        key = tuple(layout(t) for t in ops)
-        have = self.plans.get(s.output)
-        if have is None or have[0] != key:
-            have = self.plans[s.output] = (key, self._library_plan(k, key, out, ops))
-        packs = self.packs.get(s.output)
-        if packs:  # operands the plan reads as packed copies
-            for i, buf in packs.items():
-                strided_copy(ops[i], buf)
-            ops = [packs.get(i, t) for i, t in enumerate(ops)]
-        ptrs = tuple(t.data_ptr() for t in ops)
-        if k.kind == "gemm":
-            have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
-        else:
-            have[1].run((*ptrs, out.data_ptr()), self.workspaces[s.output].data_ptr())
+        LAUNCH[s.kernel.kind](self, s, self.buffers[s.output], ops)
 
     # --- a call ------------------------------------------------------------------------------
 
@@ -455,9 +352,155 @@ def _read_only_by_gemms(prog) -> set[str]:
         if s.kind == "view"
         and s.output not in outputs
         and readers.get(s.output)
-        and all(r.kind == "kernel" and r.kernel.kind == "gemm" for r in readers[s.output])
+        and all(r.kind == "kernel" and r.kernel.kind == Kind.GEMM for r in readers[s.output])
     }
 
 
 def _on(t, device) -> bool:
     return isinstance(t, torch.Tensor) and t.device == device
+
+
+# --- each kernel kind: what the runner builds before the first call, how it launches ---------
+
+BUILD: KindTable = KindTable("the GPU runner")
+LAUNCH: KindTable = KindTable("the GPU runner")
+
+
+@BUILD.on(Kind.LOOP, Kind.REDUCE, Kind.ROWS)
+def _build_body(r: GpuRunner, s: Step, cc) -> None:
+    r.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
+    if "take" in s.kernel.attrs:  # a row take read inside (fuse_row_takes)
+        r.fused_takes += 1
+        r._unbounded_indices |= not indices_in_range(r.r.program, s)
+
+
+@LAUNCH.on(Kind.LOOP, Kind.REDUCE, Kind.ROWS)
+def _launch_body(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    k = s.kernel
+    ops = [
+        t if o.indexing == "strided" or t.is_contiguous() else t.contiguous()
+        for o, t in zip(k.inputs, ops, strict=True)
+    ]
+    r.kernels[s.output].launch(
+        r.stream,
+        out.data_ptr(),
+        [t.data_ptr() for t in ops],
+        [tuple(t.shape) for t in ops],
+        [tuple(t.stride()) for t in ops],
+        workspace=lambda n: r._kernel_workspace(s.output, n),
+        err_ptr=r.err_word.data_ptr() if "take" in k.attrs else None,
+    )
+
+
+@BUILD.on(Kind.CUSTOM)
+def _build_custom(r: GpuRunner, s: Step, cc) -> None:
+    try:
+        r.custom[s.output] = r.r.custom_op(s.kernel.attrs["name"])
+    except RuntimeError as e:  # e.g. the built-in "rmsnorm" pattern's kernel
+        raise NotImplementedError(str(e)) from None
+
+
+@LAUNCH.on(Kind.CUSTOM)
+def _launch_custom(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    op, build = r.custom[s.output]
+    op.run_into(out, build(r._custom_operands(s.output, op, ops), s.kernel.attrs["eps_bits"]))
+
+
+@BUILD.on(Kind.GATHER)
+def _build_gather(r: GpuRunner, s: Step, cc) -> None:
+    table, index = s.kernel.inputs
+    r.takes[s.output] = cg.TakeKernel(
+        cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
+    )
+    r._unbounded_indices |= not indices_in_range(r.r.program, s)
+
+
+@LAUNCH.on(Kind.GATHER)
+def _launch_gather(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    table, index = ops
+    r.takes[s.output].launch(
+        r.stream,
+        (out.data_ptr(), table.data_ptr(), index.data_ptr(), r.err_word.data_ptr()),
+        (tuple(table.shape), tuple(table.stride())),
+        (tuple(index.shape), tuple(index.stride())),
+    )
+
+
+@BUILD.on(Kind.SCATTER)
+def _build_scatter(r: GpuRunner, s: Step, cc) -> None:
+    base, index, _ = s.kernel.inputs
+    r.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
+    r._unbounded_indices |= not indices_in_range(r.r.program, s)
+
+
+@LAUNCH.on(Kind.SCATTER)
+def _launch_scatter(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    base, index, values = ops
+    strided_copy(base, out)  # the table first (on the stream): the adds land on it
+    r.scatters[s.output].launch(
+        r.stream,
+        (out.data_ptr(), values.data_ptr(), index.data_ptr(), r.err_word.data_ptr()),
+        base.shape[0],
+        (tuple(values.shape), tuple(values.stride())),
+        (tuple(index.shape), tuple(index.stride())),
+    )
+
+
+@BUILD.on(Kind.CONCAT)
+def _build_concat(r: GpuRunner, s: Step, cc) -> None:
+    a = s.kernel.inputs[0]
+    r.concats[s.output] = cg.ConcatKernel(
+        cg.MEMORY_SIZE[a.dtype], len(a.shape), s.kernel.attrs["dim"], cc, len(s.kernel.inputs)
+    )
+
+
+@LAUNCH.on(Kind.CONCAT)
+def _launch_concat(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    r.concats[s.output].launch(
+        r.stream,
+        (out.data_ptr(), *(p.data_ptr() for p in ops)),
+        *((tuple(p.shape), tuple(p.stride())) for p in ops),
+    )
+
+
+@BUILD.on(Kind.PAD)
+def _build_pad(r: GpuRunner, s: Step, cc) -> None:
+    x = s.kernel.inputs[0]
+    r.pads[s.output] = (
+        cg.PadKernel(cg.MEMORY_SIZE[x.dtype], len(x.shape), cc),
+        fill_word(s.kernel.attrs["value_bits"], x.dtype),
+    )
+
+
+@LAUNCH.on(Kind.PAD)
+def _launch_pad(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    (x,) = ops
+    kernel, fill = r.pads[s.output]
+    shape_strides = (tuple(x.shape), tuple(x.stride()))
+    kernel.launch(
+        r.stream, (out.data_ptr(), x.data_ptr()), shape_strides, s.kernel.attrs["pads"], fill
+    )
+
+
+@BUILD.on(Kind.GEMM, Kind.CONV)
+def _build_library(r: GpuRunner, s: Step, cc) -> None:
+    """Nothing before the first call: a plan depends on its operands' layouts."""
+
+
+@LAUNCH.on(Kind.GEMM, Kind.CONV)
+def _launch_library(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    k = s.kernel
+    key = tuple(layout(t) for t in ops)
+    have = r.plans.get(s.output)
+    if have is None or have[0] != key:
+        have = r.plans[s.output] = (key, r._library_plan(k, key, out, ops))
+    packs = r.packs.get(s.output)
+    if packs:  # operands the plan reads as packed copies
+        for i, buf in packs.items():
+            strided_copy(ops[i], buf)
+        ops = [packs.get(i, t) for i, t in enumerate(ops)]
+    ptrs = tuple(t.data_ptr() for t in ops)
+    if k.kind == Kind.GEMM:  # cuBLASLt's operands: a, b, out, then the epilogue's
+        have[1].run((*ptrs[:2], out.data_ptr(), *ptrs[2:]))
+    else:  # cuDNN's: its operands, out, and the shared workspace
+        have[1].run((*ptrs, out.data_ptr()), r.workspaces[s.output].data_ptr())

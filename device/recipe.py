@@ -20,6 +20,7 @@ import torch
 
 from saturn.codegen import cpu
 from saturn.eqsat import evaluate as ev
+from saturn.eqsat.kinds import Kind, KindTable, is_body
 from saturn.eqsat.ownership import OutputOwnership
 from saturn.eqsat.program import Program, Step
 
@@ -156,7 +157,7 @@ class Recipe:
             self.stream = self.runner.stream
             return
         for s in self.program.steps:
-            if s.kind == "kernel" and s.kernel.kind in ("loop", "reduce"):
+            if s.kind == "kernel" and is_body(s.kernel.kind):
                 self.kernels[s.output] = cpu.load(s.kernel)
 
     # --- per call -----------------------------------------------------------------------
@@ -326,53 +327,94 @@ class Recipe:
         return v.cpu() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v
 
     def _kernel(self, s: Step, operands: list[torch.Tensor]) -> torch.Tensor:
-        k = s.kernel
         out = torch.empty(s.shape, dtype=TORCH_DTYPES[s.dtype], device=self.device)
         check_operands(s, operands)
-        if k.kind in ("loop", "reduce"):
-            arrays = []
-            for o, t in zip(k.inputs, operands, strict=True):
-                if o.indexing != "strided" and not t.is_contiguous():
-                    t = t.contiguous()
-                arrays.append(numpy_view(t))
-            cpu.run(k, numpy_view(out), arrays)
-            return out
-        cpu_in = [torch_view(t) for t in operands]
-        dest = torch_view(out)
-        if k.kind == "gemm":
-            r = torch.matmul(cpu_in[0], cpu_in[1])
-            epi = k.attrs["epilogue"]
-            if epi != "none":
-                r = r + cpu_in[2]
-            if epi == "relu_bias":
-                r = torch.relu(r)
-            elif epi == "gelu_bias":
-                r = torch.nn.functional.gelu(r, approximate="tanh")
-        elif k.kind == "conv":
-            a = k.attrs
-            b = cpu_in[2] if a["bias"] else None
-            r = torch.nn.functional.conv2d(
-                cpu_in[0], cpu_in[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
-            )
-        elif k.kind == "gather":  # PyTorch's index_select raises IndexError out of range
-            r = run_host("Take", cpu_in, (), {})
-        elif k.kind == "scatter":
-            r = run_host("IndexAdd", cpu_in, (), {})
-        elif k.kind == "concat":  # two or more pieces, joined two at a time
-            r = cpu_in[0]
-            for piece in cpu_in[1:]:
-                r = run_host("Cat", [r, piece], (k.attrs["dim"],), {})
-        elif k.kind == "pad":
-            r = run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
-        elif k.kind == "custom" and k.attrs["name"] == "rmsnorm":
-            r = run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
-        elif k.kind == "custom":  # a saturn custom op: saturn:0 runs its reference
-            op, build = self.custom_op(k.attrs["name"])
-            r = op.run_reference(*build(cpu_in, k.attrs["eps_bits"]))
-        else:
-            raise RuntimeError(f"saturn:0 has no runner for a {k.kind} kernel")
-        dest.copy_(r)
+        HOST_KERNELS[s.kernel.kind](self, s.kernel, out, operands)
         return out
+
+
+# how saturn:0 runs each kernel kind into ``out`` (host memory). Its machine forms no rows
+# kernels (the cpu-reference machine's fusion stops at loops and reductions)
+HOST_KERNELS: KindTable = KindTable("saturn:0")
+
+
+@HOST_KERNELS.on(Kind.LOOP, Kind.REDUCE)
+def _host_body(recipe: Recipe, k, out: torch.Tensor, operands: list[torch.Tensor]) -> None:
+    arrays = []
+    for o, t in zip(k.inputs, operands, strict=True):
+        if o.indexing != "strided" and not t.is_contiguous():
+            t = t.contiguous()
+        arrays.append(numpy_view(t))
+    cpu.run(k, numpy_view(out), arrays)
+
+
+def _host_library(fn):
+    """A kind saturn:0 runs through torch on host views of its operands, copied into out."""
+
+    def run(recipe: Recipe, k, out: torch.Tensor, operands: list[torch.Tensor]) -> None:
+        torch_view(out).copy_(fn(recipe, k, [torch_view(t) for t in operands]))
+
+    return run
+
+
+@HOST_KERNELS.on(Kind.GEMM)
+@_host_library
+def _host_gemm(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    r = torch.matmul(cpu_in[0], cpu_in[1])
+    epi = k.attrs["epilogue"]
+    if epi != "none":
+        r = r + cpu_in[2]
+    if epi == "relu_bias":
+        r = torch.relu(r)
+    elif epi == "gelu_bias":
+        r = torch.nn.functional.gelu(r, approximate="tanh")
+    return r
+
+
+@HOST_KERNELS.on(Kind.CONV)
+@_host_library
+def _host_conv(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    a = k.attrs
+    b = cpu_in[2] if a["bias"] else None
+    return torch.nn.functional.conv2d(
+        cpu_in[0], cpu_in[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
+    )
+
+
+@HOST_KERNELS.on(Kind.GATHER)
+@_host_library
+def _host_gather(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    return run_host("Take", cpu_in, (), {})  # PyTorch's index_select raises out of range
+
+
+@HOST_KERNELS.on(Kind.SCATTER)
+@_host_library
+def _host_scatter(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    return run_host("IndexAdd", cpu_in, (), {})
+
+
+@HOST_KERNELS.on(Kind.CONCAT)
+@_host_library
+def _host_concat(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    r = cpu_in[0]  # two or more pieces, joined two at a time
+    for piece in cpu_in[1:]:
+        r = run_host("Cat", [r, piece], (k.attrs["dim"],), {})
+    return r
+
+
+@HOST_KERNELS.on(Kind.PAD)
+@_host_library
+def _host_pad(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    return run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
+
+
+@HOST_KERNELS.on(Kind.CUSTOM)
+@_host_library
+def _host_custom(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+    if k.attrs["name"] == "rmsnorm":  # the built-in pattern
+        return run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})
+    op, build = recipe.custom_op(k.attrs["name"])  # a saturn custom op: its reference
+    return op.run_reference(*build(cpu_in, k.attrs["eps_bits"]))
 
 
 def _packed_spec(spec: InputSpec | None) -> bool:

@@ -12,6 +12,7 @@ import torch
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
 from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
+from saturn.eqsat.kinds import Kind
 from saturn.eqsat.optable import HALVES
 
 from .dtypes import DTYPES
@@ -74,7 +75,7 @@ class LibraryPlans:
         def plan(operands):
             ptrs = tuple(t.data_ptr() for t in operands)
             lays = tuple(layout(t) for t in operands)
-            if k.kind == "gemm":
+            if k.kind == Kind.GEMM:
                 return self._gemm_plan(k, lays, out, ptrs)
             return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import optable as ot
 from .graph import Graph, bits_float
+from .kinds import Kind, KindTable
 from .program import Expr, Program, elementwise_ops
 from .types import view_shape
 
@@ -173,68 +174,105 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
     return [env[o] for o in prog.outputs]
 
 
+# the numpy reference of each kernel kind: (kernel, its operands) -> its output
+REFERENCE: KindTable = KindTable("the reference evaluator")
+
+
 def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
-    k = s.kernel
-    if k.kind == "rows":  # each stage a last-axis reduction, then the body
-        if "take" in k.attrs:  # a fused take (fuse_row_takes): the taken rows, as a gather
-            t, x = k.attrs["take"]
-            operands = list(operands)
-            operands[t] = ot.op("Take").numpy(operands[t], operands[x])
-        stages = []
-        last = [len(k.domain) - 1]
-        for st in k.stages:
-            v = np.broadcast_to(eval_expr(st.body, operands, stages), k.domain)
-            acc = reduce(st.reduce, v, last, 1, st.acc_dtype)
-            if st.epilogue is not None:
-                acc = np.asarray(eval_expr(st.epilogue, [acc])).astype(np_dtype(st.dtype))
-            stages.append(acc)
-        v = np.broadcast_to(eval_expr(k.body, operands, stages), k.domain)
-        return np.array(v, dtype=np_dtype(k.dtype))
-    if k.kind in ("loop", "reduce"):
-        v = eval_expr(k.body, operands)
-        v = np.broadcast_to(v, k.domain)
-        if k.kind == "loop":
-            return np.array(v, dtype=np_dtype(k.dtype))
-        acc = reduce(
-            k.attrs["reduce"],
-            v,
-            k.attrs["dims"],
-            k.attrs["keepdim"],
-            k.attrs.get("acc_dtype", k.dtype),
-        )
-        # a reduction over a permuted domain (kept axes first) keeps its dims at the end:
-        # the same elements in the same order as the output's shape
-        acc = np.reshape(acc, k.shape)
-        if k.epilogue is None:
-            return acc
-        return np.asarray(eval_expr(k.epilogue, [acc])).astype(np_dtype(k.dtype))
-    if k.kind == "gemm":
-        a, b = operands[0], operands[1]
-        r = np.matmul(a, b)
-        if k.attrs["epilogue"] != "none":
-            r = r + operands[2]
-        if k.attrs["epilogue"] == "relu_bias":
-            r = ot.op("Relu").numpy(r.astype(np_dtype(k.dtype)))
-        elif k.attrs["epilogue"] == "gelu_bias":
-            r = ot.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
-        return np.asarray(r).astype(np_dtype(k.dtype))
-    if k.kind == "conv":
-        a = k.attrs
-        b = operands[2] if a["bias"] else None
-        return conv2d(
-            operands[0], operands[1], b, a["stride"], a["padding"], a["dilation"], a["groups"]
-        )
-    if k.kind == "gather":
-        return ot.op("Take").numpy(operands[0], operands[1])
-    if k.kind == "scatter":
-        return ot.op("IndexAdd").numpy(*operands)
-    if k.kind == "concat":  # two or more pieces, joined two at a time
-        r = operands[0]
-        for piece in operands[1:]:
-            r = ot.op("Cat").numpy(r, piece, k.attrs["dim"])
-        return r
-    if k.kind == "pad":
-        return ot.op("Pad").numpy(operands[0], k.attrs["pads"], k.attrs["value_bits"])
-    if k.kind == "custom" and k.attrs["name"] == "rmsnorm":
-        return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)
-    raise NotImplementedError(f"the reference evaluator cannot run a {k.kind} kernel")
+    return REFERENCE[s.kernel.kind](s.kernel, operands)
+
+
+@REFERENCE.on(Kind.ROWS)
+def _rows(k, operands: list[np.ndarray]) -> np.ndarray:
+    """Each stage a last-axis reduction, then the body."""
+    if "take" in k.attrs:  # a fused take (fuse_row_takes): the taken rows, as a gather
+        t, x = k.attrs["take"]
+        operands = list(operands)
+        operands[t] = ot.op("Take").numpy(operands[t], operands[x])
+    stages = []
+    last = [len(k.domain) - 1]
+    for st in k.stages:
+        v = np.broadcast_to(eval_expr(st.body, operands, stages), k.domain)
+        acc = reduce(st.reduce, v, last, 1, st.acc_dtype)
+        if st.epilogue is not None:
+            acc = np.asarray(eval_expr(st.epilogue, [acc])).astype(np_dtype(st.dtype))
+        stages.append(acc)
+    v = np.broadcast_to(eval_expr(k.body, operands, stages), k.domain)
+    return np.array(v, dtype=np_dtype(k.dtype))
+
+
+@REFERENCE.on(Kind.LOOP)
+def _loop(k, operands: list[np.ndarray]) -> np.ndarray:
+    v = np.broadcast_to(eval_expr(k.body, operands), k.domain)
+    return np.array(v, dtype=np_dtype(k.dtype))
+
+
+@REFERENCE.on(Kind.REDUCE)
+def _reduce(k, operands: list[np.ndarray]) -> np.ndarray:
+    v = np.broadcast_to(eval_expr(k.body, operands), k.domain)
+    acc = reduce(
+        k.attrs["reduce"],
+        v,
+        k.attrs["dims"],
+        k.attrs["keepdim"],
+        k.attrs.get("acc_dtype", k.dtype),
+    )
+    # a reduction over a permuted domain (kept axes first) keeps its dims at the end:
+    # the same elements in the same order as the output's shape
+    acc = np.reshape(acc, k.shape)
+    if k.epilogue is None:
+        return acc
+    return np.asarray(eval_expr(k.epilogue, [acc])).astype(np_dtype(k.dtype))
+
+
+@REFERENCE.on(Kind.GEMM)
+def _gemm(k, operands: list[np.ndarray]) -> np.ndarray:
+    a, b = operands[0], operands[1]
+    r = np.matmul(a, b)
+    if k.attrs["epilogue"] != "none":
+        r = r + operands[2]
+    if k.attrs["epilogue"] == "relu_bias":
+        r = ot.op("Relu").numpy(r.astype(np_dtype(k.dtype)))
+    elif k.attrs["epilogue"] == "gelu_bias":
+        r = ot.op("GeluTanh").numpy(r.astype(np_dtype(k.dtype)))
+    return np.asarray(r).astype(np_dtype(k.dtype))
+
+
+@REFERENCE.on(Kind.CONV)
+def _conv(k, operands: list[np.ndarray]) -> np.ndarray:
+    a = k.attrs
+    b = operands[2] if a["bias"] else None
+    x, w = operands[0], operands[1]
+    return conv2d(x, w, b, a["stride"], a["padding"], a["dilation"], a["groups"])
+
+
+@REFERENCE.on(Kind.GATHER)
+def _gather(k, operands: list[np.ndarray]) -> np.ndarray:
+    return ot.op("Take").numpy(operands[0], operands[1])
+
+
+@REFERENCE.on(Kind.SCATTER)
+def _scatter(k, operands: list[np.ndarray]) -> np.ndarray:
+    return ot.op("IndexAdd").numpy(*operands)
+
+
+@REFERENCE.on(Kind.CONCAT)
+def _concat(k, operands: list[np.ndarray]) -> np.ndarray:
+    """Two or more pieces, joined two at a time."""
+    r = operands[0]
+    for piece in operands[1:]:
+        r = ot.op("Cat").numpy(r, piece, k.attrs["dim"])
+    return r
+
+
+@REFERENCE.on(Kind.PAD)
+def _pad(k, operands: list[np.ndarray]) -> np.ndarray:
+    return ot.op("Pad").numpy(operands[0], k.attrs["pads"], k.attrs["value_bits"])
+
+
+@REFERENCE.on(Kind.CUSTOM)
+def _custom(k, operands: list[np.ndarray]) -> np.ndarray:
+    """The built-in pattern a custom kernel stands for (a user's op has no numpy form)."""
+    if k.attrs["name"] != "rmsnorm":
+        raise NotImplementedError(f"the reference evaluator cannot run custom op {k.attrs['name']}")
+    return apply_op("RMSNorm", operands, (k.attrs["eps_bits"],), k.dtype)

@@ -15,6 +15,7 @@ from . import optable as ot
 from .egraph import ENode
 from .errors import ValidationError
 from .extract import DEVICE, MOVEMENT
+from .kinds import Kind
 from .program import (
     Expr,
     Kernel,
@@ -49,7 +50,7 @@ class KernelBodies:
             inputs = [self._operand(c, domain, fused) for c in leaves]
             fused = [n for n in fused if n not in covers]
             if en.op == "Loop":
-                return Kernel("loop", out, dtype, shape, inputs, body, domain, {}, covers, fused)
+                return Kernel(Kind.LOOP, out, dtype, shape, inputs, body, domain, {}, covers, fused)
             kind, dims, kd = en.attrs
             dims = tuple(sorted(d % len(domain) for d in dims)) if domain else ()
             packed = self._in_memory_order(leaves, inputs, dims, domain)
@@ -59,7 +60,7 @@ class KernelBodies:
             if apart is not None:
                 inputs, domain, dims = apart
             return Kernel(
-                "reduce",
+                Kind.REDUCE,
                 out,
                 dtype,
                 shape,
@@ -78,27 +79,27 @@ class KernelBodies:
 
         if en.op == "Gemm":
             ops = [k for k in en.kids if not self._nobias(k)]
-            return library("gemm", ops, {"epilogue": en.attrs[0]})
+            return library(Kind.GEMM, ops, {"epilogue": en.attrs[0]})
         if en.op == "Conv":
             ops = [k for k in en.kids if not self._nobias(k)]
             st, pa, di, g = en.attrs
             return library(
-                "conv",
+                Kind.CONV,
                 ops,
                 {"stride": st, "padding": pa, "dilation": di, "groups": g, "bias": len(ops) == 3},
             )
         if en.op == "Gather":
-            return library("gather", list(en.kids), {})
+            return library(Kind.GATHER, list(en.kids), {})
         if en.op == "ScatterAdd":
-            return library("scatter", list(en.kids), {})
+            return library(Kind.SCATTER, list(en.kids), {})
         if en.op == "Concat":
-            return library("concat", list(en.kids), {"dim": en.attrs[0]})
+            return library(Kind.CONCAT, list(en.kids), {"dim": en.attrs[0]})
         if en.op == "PadCopy":
             pads, value = en.attrs
-            return library("pad", list(en.kids), {"pads": tuple(pads), "value_bits": value})
+            return library(Kind.PAD, list(en.kids), {"pads": tuple(pads), "value_bits": value})
         if en.op == "Custom":
             return library(
-                "custom", self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}
+                Kind.CUSTOM, self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}
             )
         raise ValidationError(f"lowering: unknown kernel {en.op}")
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from saturn.eqsat import optable as ot
 
+from .kinds import Kind
 from .program import (
     MAX_CONCAT,
     ROW_FLOATS,
@@ -41,7 +42,7 @@ def merge_concats(prog: Program) -> Program:
     merged: list[tuple[Kernel, Kernel]] = []  # (reader, the concatenation it copied from)
     for st in prog.steps:  # producers first: a merged piece is already flat
         k = st.kernel
-        if k is None or k.kind != "concat":
+        if k is None or k.kind != Kind.CONCAT:
             continue
         pieces: list[Operand] = []
         for i, o in enumerate(k.inputs):
@@ -50,7 +51,7 @@ def merge_concats(prog: Program) -> Program:
             rest = len(k.inputs) - i - 1
             if (
                 inner is not None
-                and inner.kind == "concat"
+                and inner.kind == Kind.CONCAT
                 and inner.attrs["dim"] == k.attrs["dim"]
                 and o.indexing == "strided"
                 and tuple(o.shape) == tuple(inner.shape)
@@ -69,7 +70,7 @@ def merge_concats(prog: Program) -> Program:
     kept: list[Step] = []
     for st in reversed(prog.steps):  # readers first: a dropped one frees its pieces
         k = st.kernel
-        if k is not None and k.kind == "concat" and st.output not in used:
+        if k is not None and k.kind == Kind.CONCAT and st.output not in used:
             continue
         used.update(st.args)
         kept.append(st)
@@ -99,10 +100,10 @@ def reuse_written(prog: Program) -> Program:
         k = s.kernel
         if k is None:
             continue
-        if k.kind in ("loop", "reduce") and patterns:
+        if k.kind in (Kind.LOOP, Kind.REDUCE) and patterns:
             _read_written(s, patterns)
         if (
-            k.kind == "loop"
+            k.kind == Kind.LOOP
             and (k.dtype in ("f32", "f64") or (k.body[0] == "cast" and k.body[2] == k.dtype))
             and k.body[0] not in ("in", "stage", "const")
             and tuple(k.shape) == tuple(k.domain)
@@ -195,7 +196,7 @@ def _row_stage(s: Step | None, domain: tuple[int, ...]) -> bool:
     k = s.kernel if s is not None else None
     return (
         k is not None
-        and k.kind == "reduce"
+        and k.kind == Kind.REDUCE
         and tuple(k.domain) == domain
         and list(k.attrs["dims"]) == [len(domain) - 1]
         and k.attrs["keepdim"] == 1
@@ -231,7 +232,7 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
         inside += r.covers + r.fused
     body = _remap(k.body, table(k))
     rows = Kernel(
-        "rows",
+        Kind.ROWS,
         s.output,
         k.dtype,
         k.shape,
@@ -247,7 +248,7 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
     return Step(
         "kernel",
         s.output,
-        "rows",
+        Kind.ROWS,
         args,
         dtype=s.dtype,
         shape=s.shape,
@@ -285,7 +286,7 @@ def fuse_rows(prog: Program) -> Program:
     fused: dict[str, Step] = {}
     for s in prog.steps:
         k = s.kernel
-        if k is None or k.kind != "loop" or not k.domain or k.domain[-1] > ROWS_MAX:
+        if k is None or k.kind != Kind.LOOP or not k.domain or k.domain[-1] > ROWS_MAX:
             continue
         dom = tuple(k.domain)
         group: set[str] = set()
@@ -338,7 +339,7 @@ def _into_rows(prog: Program, absorb: Callable[..., set[str]]) -> Program:
     by_output = {s.output: s for s in prog.steps}
     gone: set[str] = set()
     for s in prog.steps:
-        if s.kernel is not None and s.kernel.kind == "rows":
+        if s.kernel is not None and s.kernel.kind == Kind.ROWS:
             gone |= absorb(s, by_output, users, outputs)
     if not gone:
         return prog
@@ -372,7 +373,7 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
         if (
             o.indexing == "same"
             and pk is not None
-            and pk.kind == "loop"
+            and pk.kind == Kind.LOOP
             and pk.dtype in ROW_FLOATS
             and tuple(pk.domain) == dom
             and tuple(pk.shape) == dom
@@ -433,7 +434,7 @@ def _take_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
 def _fusable_take(p: Step, k: Kernel, by_output: dict) -> bool:
     """Whether gather step ``p`` can be read inside rows kernel ``k`` (``fuse_row_takes``)."""
     pk = p.kernel
-    if pk is None or pk.kind != "gather":
+    if pk is None or pk.kind != Kind.GATHER:
         return False
     table, index = pk.inputs
     dom = tuple(k.domain)

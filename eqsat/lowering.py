@@ -12,6 +12,7 @@ from .errors import ValidationError
 from .extract import DEVICE, KERNELS, MOVEMENT, Choice, Type
 from .graph import Graph
 from .kernel_bodies import KernelBodies
+from .kinds import Kind
 from .program import (
     Program,
     Step,
@@ -350,7 +351,7 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
         k = s.kernel
         if (
             k is not None
-            and k.kind == "loop"
+            and k.kind == Kind.LOOP
             and len(k.inputs) == 1
             and k.inputs[0].indexing == "same"
             and leaves(k.body) == {("in", 0)}
@@ -359,7 +360,7 @@ def fuse_reduce_epilogues(prog: Program) -> Program:
             r = src.kernel if src is not None else None
             if (
                 r is not None
-                and r.kind == "reduce"
+                and r.kind == Kind.REDUCE
                 and r.epilogue is None
                 and users.get(src.output, 0) == 1
                 and tuple(r.shape) == tuple(k.shape)

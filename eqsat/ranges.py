@@ -28,6 +28,7 @@ import numpy as np
 
 from . import optable as ot
 from .graph import bits_float
+from .kinds import Kind
 from .program import Program, Step
 
 Interval = tuple[float, float]
@@ -153,7 +154,7 @@ def value_bounds(prog: Program, name: str) -> Interval:
         if s.kind == "view" and s.op in VIEWS:
             return go(s.args[0])
         k = s.kernel
-        if s.kind == "kernel" and k is not None and k.kind == "loop":
+        if s.kind == "kernel" and k is not None and k.kind == Kind.LOOP:
             dtypes = [s.dtype, *(o.dtype for o in k.inputs)]
             if any(d not in ot.INTS and d != "bool" for d in dtypes):
                 return UNBOUNDED  # a float or a cast along the way: not followed
@@ -170,13 +171,13 @@ def indices_in_range(prog: Program, s: Step) -> bool:
     add (``scatter``: negative rows wrap, [-rows, rows)) cannot meet an index out of
     range, so its error word cannot be set."""
     k = s.kernel
-    if k is not None and k.kind == "rows" and "take" in k.attrs:  # fuse_row_takes
+    if k is not None and k.kind == Kind.ROWS and "take" in k.attrs:  # fuse_row_takes
         table, index = (k.inputs[i] for i in k.attrs["take"])
-    elif k is not None and k.kind in ("gather", "scatter"):
+    elif k is not None and k.kind in (Kind.GATHER, Kind.SCATTER):
         table, index = k.inputs[0], k.inputs[1]
     else:
         return False
     rows = table.shape[0] if table.shape else 0
     lo, hi = value_bounds(prog, index.value)
-    least = -rows if k.kind == "scatter" else 0
+    least = -rows if k.kind == Kind.SCATTER else 0
     return least <= lo and hi < rows

@@ -1,0 +1,99 @@
+"""The kernel kinds have one home (``eqsat/kinds.py``): no module compares a kind with a
+string or builds a kernel from one, and each interpreter of a program says which kinds it
+runs through its ``KindTable``, failing with its name and the kind where it has none."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from saturn.eqsat import evaluate
+from saturn.eqsat.kinds import FACTS, Kind, KindTable, facts
+from saturn.eqsat.program import Kernel, Operand, Step
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = {k.value for k in Kind}
+
+
+def _literals(node: ast.AST) -> list[str]:
+    elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return [e.value for e in elts if isinstance(e, ast.Constant) and e.value in NAMES]
+
+
+def _kindish(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
+        isinstance(node, ast.Name) and node.id == "kind"
+    )
+
+
+def kind_strings(source: str) -> list[str]:
+    """Comparisons of a kind with a kernel kind's name, and kernels built from one."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare):
+            sides = [n.left, *n.comparators]
+            if any(_kindish(s) for s in sides) and any(_literals(s) for s in sides):
+                found.append(f"line {n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("Kernel", "library"):
+            kind = [k.value for k in n.keywords if k.arg == "kind"] + n.args[:1]
+            if any(_literals(a) for a in kind):
+                found.append(f"line {n.lineno}: {ast.unparse(n)[:60]}")
+    return found
+
+
+def test_the_scan_sees_a_kind_string():
+    assert kind_strings('if k.kind == "loop": pass')
+    assert kind_strings('x = s.kernel.kind in ("gemm", "conv")')
+    assert kind_strings('k = Kernel("pad", "out", "f32", (), [])')
+    assert kind_strings('k = Kernel(kind="rows", output="out")')
+    assert not kind_strings("if k.kind == Kind.LOOP: pass")
+    assert not kind_strings('if s.kind == "kernel": pass')  # a step's kind, not a kernel's
+
+
+def test_no_module_names_a_kind_by_its_string():
+    found = {}
+    for folder in ("eqsat", "codegen", "device"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "kinds.py":
+                continue
+            hits = kind_strings(path.read_text())
+            if hits:
+                found[str(path.relative_to(ROOT))] = hits
+    assert found == {}, found
+
+
+def test_every_kind_has_its_facts_and_an_unknown_one_is_refused():
+    assert set(FACTS) == set(Kind)
+    assert facts("rows").body and facts(Kind.GEMM).library and facts("gather").indices
+    with pytest.raises(ValueError, match="unknown kernel kind 'fft'"):
+        facts("fft")
+
+
+def test_the_reference_evaluator_runs_every_kind():
+    assert evaluate.REFERENCE.covers() == set(Kind)
+
+
+def test_a_table_without_a_kind_names_itself_and_the_kind():
+    table: KindTable = KindTable("a test target")
+
+    @table.on(Kind.LOOP)
+    def loop(*a):
+        return "ran"
+
+    assert table["loop"]() == "ran"
+    with pytest.raises(NotImplementedError, match="a test target cannot run a pad kernel"):
+        table["pad"]
+    with pytest.raises(ValueError, match="registered twice"):
+        table.on(Kind.LOOP)(loop)
+
+
+def test_the_reference_evaluator_dispatches_by_kind():
+    """A pad kernel built from the registry's name runs its numpy reference."""
+    x = Operand("x", "f32", (2,), "strided")
+    k = Kernel(Kind.PAD, "y", "f32", (4,), [x], None, (4,), {"pads": (1, 1), "value_bits": 0})
+    step = Step("kernel", "y", Kind.PAD, ("x",), dtype="f32", shape=(4,), kernel=k)
+    got = evaluate.run_kernel(step, [np.array([1.0, 2.0], dtype=np.float32)])
+    assert got.tolist() == [0.0, 1.0, 2.0, 0.0]
