@@ -29,6 +29,8 @@ _SCHED = "saturn-back-off"
 # machine's load, and an overshoot cannot be taken back, an early stop costs little)
 TIME_SLACK = 0.05
 TIME_MARGIN = 2.0
+LARGE_RUN = 0.05  # share of the time bound past which a run's estimate gets LARGE_MARGIN
+LARGE_MARGIN = 3.0
 RUN_OVERHEAD = 0.002  # s of a run that does not grow with the e-graph (scheduling, rebuild)
 CHECKPOINT_ENODES = 4  # checkpoints hold at most this many times max_enodes e-nodes
 
@@ -304,7 +306,11 @@ class Saturation:
         # now: its ruleset's costliest run per e-node, at today's size (a run at 100,000
         # e-nodes took 0.16 s after runs of a millisecond while the rule sat out)
         full = self._rate.get(name, 0.0) * self._size
-        expected = TIME_MARGIN * max(grown, self._longest[name], full)
+        estimate = max(grown, self._longest[name], full)
+        # a run that is a large share of the bound is what a load change makes overshoot
+        # it: such runs get a wider margin (the default bound's runs are a few percent of it)
+        margin = TIME_MARGIN if estimate < LARGE_RUN * self.bounds.seconds else LARGE_MARGIN
+        expected = margin * estimate
         if time.perf_counter() + expected > self._deadline + TIME_SLACK * self.bounds.seconds:
             return f"time bound ({self.bounds.seconds} s)"
         return ""

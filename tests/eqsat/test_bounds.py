@@ -4,14 +4,13 @@ analysis rule that never stops, each stopped by the bound it meets, within 10% o
 
 The time bound is the behaviour under test here, not a performance claim: saturation
 checks the clock after every ruleset run, the back-off scheduler keeps each run short,
-and a run expected to end more than 5% past the bound is not started. Expected: twice the
-largest of its ruleset's last run (scaled by the growth since), its longest, and its
-costliest run per e-node at today's size (a rule back from a ban searches the whole
-e-graph: 0.16 s at 100,000 e-nodes after runs of a millisecond while it sat out). A run
-cannot be interrupted (egglog checks no signal), so the bound holds by that estimate; on
-two cores, 210 exploding saturations at 0.5-2 s ended at most 2.2% past their bound and
-none before 48% of it (decision 0053). The estimate itself is tested on a clock the test
-controls."""
+and a run expected to end more than 5% past the bound is not started. Expected: twice
+(three times for a run estimated above 5% of the bound) the largest of its ruleset's last
+run (scaled by the growth since), its longest, and its costliest run per e-node at
+today's size (a rule back from a ban searches the whole e-graph: 0.16 s at 100,000
+e-nodes after runs of a millisecond while it sat out). A run cannot be interrupted
+(egglog checks no signal), so the bound holds by that estimate (decision 0053 has the
+figures, quiet and loaded). The estimate itself is tested on a clock the test controls."""
 
 from __future__ import annotations
 
@@ -69,13 +68,10 @@ def assert_time_bound(sat: Saturation, wall: float, seconds: float) -> None:
     assert report.last_start <= (1 + TIME_SLACK) * seconds + 0.01, report.last_start
     # ... and after the last one only a size query: the overshoot is that run's
     assert wall <= report.last_start + report.last_run + 0.05, (wall, report.last_run)
-    # within 10% of it (the run that crossed it was judged short enough to start); a
-    # half-second bound on a loaded machine is held only to the contract above (with a
-    # busy process beside it, 4 of 60 ended 11-23% past it: a run's time moves with load)
-    if seconds >= 1.0:
-        assert wall <= 1.1 * seconds, (wall, report.last_start, report.last_run)
-    # not long before it either: runs are a fraction of the bound
-    assert wall >= 0.1 * seconds, wall
+    # within 10% of it (the run that crossed it was judged short enough to start) ...
+    assert wall <= 1.1 * seconds, (wall, report.last_start, report.last_run)
+    # ... and not at once either (a loaded machine's runs are slow: it stops earlier)
+    assert wall >= 0.05 * seconds, wall
 
 
 @pytest.mark.parametrize("seconds", [0.5, 1.0, 2.0])
@@ -96,16 +92,17 @@ class FakeClock:
 @pytest.mark.parametrize(
     "now,last,longest,rate,size,starts",
     [
-        (0.50, (0.10, 1000), 0.10, 0, 1000, True),  # ends near 0.70 of 1 s: runs
-        (0.80, (0.10, 1000), 0.10, 0, 1000, True),  # 2 x 0.1 from 0.8: ends at the bound
+        (0.50, (0.10, 1000), 0.10, 0, 1000, True),  # ends near 0.80 of 1 s: runs
+        (0.90, (0.04, 1000), 0.04, 0, 1000, True),  # 2 x 0.04 from 0.9: ends at 0.98
+        (0.80, (0.10, 1000), 0.10, 0, 1000, False),  # a tenth of the bound: 3 x, ends at 1.1
         (0.90, (0.10, 1000), 0.10, 0, 1000, False),  # ends at 1.1, past the 5% slack: not
         (0.90, (0.10, 1000), 0.10, 0, 500, False),  # the graph shrank: still its last time
-        (0.50, (0.10, 1000), 0.10, 0, 3000, False),  # grew 3x: expected 0.6, ends at 1.1
-        (0.50, (0.01, 1000), 0.30, 0, 1000, False),  # its longest run counts: 0.6 expected
+        (0.50, (0.10, 1000), 0.10, 0, 3000, False),  # grew 3x: 0.3, three times it ends at 1.4
+        (0.50, (0.01, 1000), 0.30, 0, 1000, False),  # its longest run counts: 0.9 expected
         (0.70, (0.01, 1000), 0.01, 0, 1000, True),  # short runs go on near the bound
-        # a run of 1e-4 s per e-node seen before: 0.3 s at 3,000 e-nodes, 0.6 expected
+        # a run of 1e-4 s per e-node seen before: 0.3 s at 3,000 e-nodes, 0.9 expected
         (0.50, (0.001, 3000), 0.01, 1e-4, 3000, False),
-        (0.50, (0.001, 3000), 0.01, 1e-4, 1000, True),  # 0.2 expected at 1,000
+        (0.50, (0.001, 3000), 0.01, 1e-4, 1000, True),  # 0.3 expected at 1,000
     ],
 )
 def test_a_run_expected_to_end_past_the_time_bound_is_not_started(
