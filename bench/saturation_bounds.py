@@ -19,7 +19,6 @@ import multiprocessing as mp
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "eqsat"))
@@ -69,7 +68,6 @@ def main() -> None:
                 )
     for p in busy:
         p.terminate()
-    time.sleep(0.1)
 
 
 if __name__ == "__main__":

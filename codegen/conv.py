@@ -247,7 +247,7 @@ class ConvPlan:
             i, need = min(runnable, key=lambda r: total[r[0]])
             g.select_plan(i)
             g.build_plans()
-            self.workspace_size = need
+            self.workspace_size, self.reused = need, False
             self.tuned = (total[i] / 2, i, need)  # ms per call
             CONV_TUNINGS.put(key, self.tuned)
 

@@ -348,7 +348,7 @@ def _host_body(recipe: Recipe, k, out: torch.Tensor, operands: list[torch.Tensor
     cpu.run(k, numpy_view(out), arrays)
 
 
-def _host_library(fn):
+def _through_torch(fn):
     """A kind saturn:0 runs through torch on host views of its operands, copied into out."""
 
     def run(recipe: Recipe, k, out: torch.Tensor, operands: list[torch.Tensor]) -> None:
@@ -358,7 +358,7 @@ def _host_library(fn):
 
 
 @HOST_KERNELS.on(Kind.GEMM)
-@_host_library
+@_through_torch
 def _host_gemm(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     r = torch.matmul(cpu_in[0], cpu_in[1])
     epi = k.attrs["epilogue"]
@@ -372,7 +372,7 @@ def _host_gemm(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
 
 
 @HOST_KERNELS.on(Kind.CONV)
-@_host_library
+@_through_torch
 def _host_conv(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     a = k.attrs
     b = cpu_in[2] if a["bias"] else None
@@ -382,19 +382,19 @@ def _host_conv(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
 
 
 @HOST_KERNELS.on(Kind.GATHER)
-@_host_library
+@_through_torch
 def _host_gather(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     return run_host("Take", cpu_in, (), {})  # PyTorch's index_select raises out of range
 
 
 @HOST_KERNELS.on(Kind.SCATTER)
-@_host_library
+@_through_torch
 def _host_scatter(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     return run_host("IndexAdd", cpu_in, (), {})
 
 
 @HOST_KERNELS.on(Kind.CONCAT)
-@_host_library
+@_through_torch
 def _host_concat(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     r = cpu_in[0]  # two or more pieces, joined two at a time
     for piece in cpu_in[1:]:
@@ -403,13 +403,13 @@ def _host_concat(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
 
 
 @HOST_KERNELS.on(Kind.PAD)
-@_host_library
+@_through_torch
 def _host_pad(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     return run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
 
 
 @HOST_KERNELS.on(Kind.CUSTOM)
-@_host_library
+@_through_torch
 def _host_custom(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     if k.attrs["name"] == "rmsnorm":  # the built-in pattern
         return run_host("RMSNorm", cpu_in, (k.attrs["eps_bits"],), {})

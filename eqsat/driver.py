@@ -17,7 +17,7 @@ from .costs import MACHINES
 from .egraph import Bounds
 from .errors import EqsatError
 from .graph import load_graph
-from .kinds import Kind
+from .kinds import Kind, is_body
 from .pipeline import Compiled, compile_graph
 from .program import format_expr
 from .rules import OPT_IN_RULESETS, rule_files, rule_index
@@ -102,7 +102,7 @@ def emit_source(c: Compiled) -> str:
     out = []
     for k in c.program.kernels:
         head = f"# ---- kernel {k.output}: {k.kind} -> {k.dtype}{list(k.shape)}"
-        if k.kind in (Kind.LOOP, Kind.REDUCE, Kind.ROWS) and (gpu or k.kind != Kind.ROWS):
+        if is_body(k.kind) and (gpu or k.kind != Kind.ROWS):
             src = cg.generate(k).source if gpu else cpu.kernel_source(k)[0]
             out += [head, src.rstrip(), ""]
         else:

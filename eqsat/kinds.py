@@ -42,22 +42,21 @@ class KindFacts:
     # generated from a scalar body (``Kernel.body``): fused by the e-graph, emitted by
     # codegen's loop/reduce/rows emitters, run on saturn:0 by codegen.cpu
     body: bool = False
-    library: bool = False  # a library plan (cuBLASLt, cuDNN) chosen and timed at run time
-    movement: bool = False  # a generated kernel that moves bytes (no arithmetic body)
-    indices: bool = False  # reads an index operand that may be out of range (checked)
-    reduces: bool = False  # its output has fewer elements than its domain
+    # reads rows of its first operand at its second (an index that may be out of range:
+    # checked on the device, unless ranges.indices_in_range proves it in range)
+    indices: bool = False
 
 
 FACTS: dict[Kind, KindFacts] = {
     Kind.LOOP: KindFacts(body=True),
-    Kind.REDUCE: KindFacts(body=True, reduces=True),
+    Kind.REDUCE: KindFacts(body=True),
     Kind.ROWS: KindFacts(body=True),
-    Kind.GEMM: KindFacts(library=True),
-    Kind.CONV: KindFacts(library=True),
-    Kind.GATHER: KindFacts(movement=True, indices=True),
-    Kind.SCATTER: KindFacts(movement=True, indices=True),
-    Kind.CONCAT: KindFacts(movement=True),
-    Kind.PAD: KindFacts(movement=True),
+    Kind.GEMM: KindFacts(),
+    Kind.CONV: KindFacts(),
+    Kind.GATHER: KindFacts(indices=True),
+    Kind.SCATTER: KindFacts(indices=True),
+    Kind.CONCAT: KindFacts(),
+    Kind.PAD: KindFacts(),
     Kind.CUSTOM: KindFacts(),
 }
 assert set(FACTS) == set(Kind)
@@ -65,19 +64,15 @@ assert set(FACTS) == set(Kind)
 
 def facts(kind: str) -> KindFacts:
     """The facts of a kind given by its name (a ``Kind`` or the string a program holds)."""
-    try:
-        return FACTS[Kind(kind)]
-    except ValueError:
+    found = FACTS.get(kind)  # a member hashes and compares as its string
+    if found is None:
         known = [k.value for k in Kind]
-        raise ValueError(f"unknown kernel kind {kind!r}; kinds: {known}") from None
+        raise ValueError(f"unknown kernel kind {kind!r}; kinds: {known}")
+    return found
 
 
 def is_body(kind: str) -> bool:
     return facts(kind).body
-
-
-def is_library(kind: str) -> bool:
-    return facts(kind).library
 
 
 class KindTable[F: Callable]:
@@ -100,7 +95,7 @@ class KindTable[F: Callable]:
         return register
 
     def __getitem__(self, kind: str) -> F:
-        fn = self._by_kind.get(Kind(kind))
+        fn = self._by_kind.get(kind)  # a member hashes and compares as its string
         if fn is None:
             raise NotImplementedError(f"{self.what} cannot run a {kind} kernel")
         return fn

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import optable as ot
 from .graph import bits_float
-from .kinds import Kind
+from .kinds import Kind, facts
 from .program import Program, Step
 
 Interval = tuple[float, float]
@@ -173,7 +173,7 @@ def indices_in_range(prog: Program, s: Step) -> bool:
     k = s.kernel
     if k is not None and k.kind == Kind.ROWS and "take" in k.attrs:  # fuse_row_takes
         table, index = (k.inputs[i] for i in k.attrs["take"])
-    elif k is not None and k.kind in (Kind.GATHER, Kind.SCATTER):
+    elif k is not None and facts(k.kind).indices:
         table, index = k.inputs[0], k.inputs[1]
     else:
         return False

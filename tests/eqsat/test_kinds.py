@@ -67,7 +67,8 @@ def test_no_module_names_a_kind_by_its_string():
 
 def test_every_kind_has_its_facts_and_an_unknown_one_is_refused():
     assert set(FACTS) == set(Kind)
-    assert facts("rows").body and facts(Kind.GEMM).library and facts("gather").indices
+    assert facts("rows").body and not facts(Kind.GEMM).body
+    assert facts("gather").indices and facts(Kind.SCATTER).indices and not facts("pad").indices
     with pytest.raises(ValueError, match="unknown kernel kind 'fft'"):
         facts("fft")
 
