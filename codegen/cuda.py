@@ -33,6 +33,14 @@ import numpy as np
 from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel
 
+from .concat import (  # noqa: F401 (read through this module)
+    concat_pieces,
+    concat_source,
+    generate_concat,
+    generate_row_concat,
+    row_concat_arguments,
+    row_concat_source,
+)
 from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's interface)
     KernelError,
     build,
@@ -70,39 +78,27 @@ from .movement import (  # noqa: F401 (copy_source, ...: read through this modul
     INDEX32,
     INDEX_TYPES,
     ROW_LANES,
-    SCATTER_DTYPES,
     VECTOR_IMPORT,
     _uint32,
     broadcast_of_one,
-    concat_pieces,
-    concat_source,
     copy_source,
     fastest_axis,
     fill_source,
     fill_vectors,
     fits_narrow,
-    generate_concat,
     generate_copy,
     generate_fill,
-    generate_pad,
-    generate_row_concat,
     generate_row_copy,
-    generate_scatter_add,
-    generate_take,
     generate_tiled_copy,
     narrow_copies,
-    pad_source,
-    row_concat_arguments,
-    row_concat_source,
     row_copy_fits,
     row_copy_source,
-    scatter_add_source,
-    take_geometry,
-    take_lanes,
-    take_source,
     tiled_copy_source,
     tiled_grid,
 )
+from .pad import generate_pad, pad_source  # noqa: F401
+from .scatter_add import SCATTER_DTYPES, generate_scatter_add, scatter_add_source  # noqa: F401
+from .take import generate_take, take_geometry, take_lanes, take_source  # noqa: F401
 
 log = logging.getLogger("saturn")
 
@@ -511,11 +507,5 @@ class CudaKernel:
 
 
 # the movement kernels' launchers, read through this module as before they had their own
-from .movement_launch import (  # noqa: E402, F401
-    ConcatKernel,
-    CopyKernel,
-    PadKernel,
-    ScatterAddKernel,
-    TakeKernel,
-    concat_arguments,
-)
+from .concat import ConcatKernel, concat_arguments  # noqa: E402, F401
+from .movement_launch import CopyKernel  # noqa: E402, F401

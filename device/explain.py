@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from saturn.eqsat.driver import emit_kernels
+from saturn.eqsat.program import StepKind
 from saturn.eqsat.rules import rule_files, rule_owners
 
 from . import backend
@@ -97,7 +98,7 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
     for rule, n in cg.compiled.report.rule_totals().items():
         if n and not rule.startswith("type-"):
             rulesets.setdefault(owners.get(rule, "?"), {})[rule] = n
-    crossing_outputs = {s.output for s in prog.steps if s.kind == "crossing"}
+    crossing_outputs = {s.output for s in prog.steps if s.kind == StepKind.CROSSING}
     graph = cg.imported.graph
     fates: dict[str, list[str]] = {}
     for name, node in graph.nodes.items():
@@ -111,14 +112,14 @@ def report(cg: backend.CompiledGraph, rules: list[str] | None = None) -> GraphRe
             fx = cg.imported.fx_names.get(g)
             if fx is None or graph.nodes[g].op == "Input":
                 continue
-            if s.kind == "kernel":
+            if s.kind == StepKind.KERNEL:
                 k = s.kernel
                 how = "computed inside" if g in fused else "written by"
                 fates[fx].append(f"{how} kernel {s.output} ({k.kind})")
-            elif s.kind == "host":
+            elif s.kind == StepKind.HOST:
                 moved = any(a in crossing_outputs for a in s.args)
                 fates[fx].append("host" + (" (its inputs crossed)" if moved else ""))
-            elif s.kind == "view":
+            elif s.kind == StepKind.VIEW:
                 fates[fx].append(f"view on the {s.place}")
     for f in fates.values():
         if not f:

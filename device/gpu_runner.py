@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
+from saturn.codegen.launchers import Launcher, emitted_kinds, launcher
 from saturn.codegen.reshape import gemm_copy_order
-from saturn.eqsat.graph import bits_float
-from saturn.eqsat.kinds import Kind, KindTable
+from saturn.eqsat.kinds import Kind, KindTable, facts, spec
 from saturn.eqsat.memory import plan_memory
-from saturn.eqsat.program import Step
+from saturn.eqsat.program import Step, StepKind
 from saturn.eqsat.ranges import indices_in_range
 
 from .dtypes import TORCH_DTYPES
@@ -55,15 +55,6 @@ from .runner_replay import Replay
 from .steps import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
-
-
-def fill_word(value_bits: int, dtype: str) -> int:
-    """A pad's constant as its element's bits (signed for 8-byte elements, which the
-    kernel takes as int64), converted to the dtype once, as PyTorch converts it."""
-    t = torch.tensor(bits_float(value_bits), dtype=torch.float64).to(TORCH_DTYPES[dtype])
-    size = t.element_size()
-    word = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
-    return int(word.item()) if size == 8 else int(word.item()) & ((1 << (8 * size)) - 1)
 
 
 class GpuRunner(LibraryPlans, Lending, Replay):
@@ -80,11 +71,10 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         cc = torch.saturn.get_device_capability(self.device)
         self.stream = torch.saturn.stream_handle(self.device)
         self.custom: dict[str, tuple] = {}  # step -> (custom op, argument builder)
-        self.takes: dict[str, cg.TakeKernel] = {}
         self.fused_takes = 0  # rows kernels that read a take's rows themselves
-        self.scatters: dict[str, cg.ScatterAddKernel] = {}
-        self.concats: dict[str, cg.ConcatKernel] = {}
-        self.pads: dict[str, tuple[cg.PadKernel, int]] = {}  # step -> (kernel, fill word)
+        # step -> the launcher of a kind codegen launches itself (codegen/launchers.py)
+        self.launchers: dict[str, Launcher] = {}
+        self.indexing: set[str] = set()  # kinds of those that set the error word
         # row takes and row adds raise a device word on an index out of range, read after
         # every call
         self.err_word: torch.Tensor | None = None
@@ -93,13 +83,12 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
-                if s.kind == "kernel":
+                if s.kind == StepKind.KERNEL:
                     BUILD[s.kernel.kind](self, s, cc)
             # every kernel the first call will launch, built in parallel now (or found on
             # disk) rather than one after another as the call reaches it
             gens = [g for k in self.kernels.values() for g in k.expected()]
-            gens += [g for c in self.concats.values() for g in c.expected()]
-            gens += [p.g for p, _ in self.pads.values()]
+            gens += [g for k in self.launchers.values() for g in k.expected()]
             cg.precompile(gens, cc)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
@@ -159,22 +148,22 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 s = next(st for st in prog.steps if st.output == v)
                 raw = self.arena[slot.offset : slot.offset + slot.nbytes]
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
-            if self.takes or self.fused_takes or self.scatters:  # set on an index out of range
+            if self.fused_takes or self.indexing:  # set on an index out of range
                 self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
                 for s in prog.steps
-                if s.kind == "const"
+                if s.kind == StepKind.CONST
             }
 
     def _not_capturable(self) -> str | None:
         inputs = set(self.r._position)
         for s in self.r.program.steps:
-            if s.kind == "host":
+            if s.kind == StepKind.HOST:
                 return f"host step {s.op}"
-            if s.kind == "crossing" and s.args[0] not in inputs:
+            if s.kind == StepKind.CROSSING and s.args[0] not in inputs:
                 return f"a crossing ({s.op}) inside the graph"
-            if s.kind == "crossing":
+            if s.kind == StepKind.CROSSING:
                 return "inputs cross to the device on every call"
         return None
 
@@ -184,14 +173,14 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         env: dict[str, object] = {}
         position = self.r._position
         for s in self.r.program.steps:
-            if s.kind == "input":
+            if s.kind == StepKind.INPUT:
                 i = position[s.output]
                 env[s.output] = self.staged.get(i, prepared[i])
-            elif s.kind == "const":
+            elif s.kind == StepKind.CONST:
                 env[s.output] = self.consts[s.output]
-            elif s.kind == "view":
+            elif s.kind == StepKind.VIEW:
                 env[s.output] = self._view(s, env[s.args[0]])
-            elif s.kind == "kernel":
+            elif s.kind == StepKind.KERNEL:
                 stats.launches += 1
                 with step_range(s, self.r._labels):
                     self._kernel(s, env)
@@ -286,18 +275,18 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         if self._err_host[0]:
             self._err_host[0] = 0
             self._check(drv.cuMemsetD32Async(word, 0, 1, self.stream), "cuMemsetD32Async")
-            where = []
-            if self.takes or self.fused_takes:
-                where.append(
-                    "a row take (embedding, index_select or indexing along the first "
-                    "axis: every index in [0, rows); gather: in [0, size) along its dim)"
-                )
-            if self.scatters:
-                where.append(
-                    "a row add (index_put with accumulate: every index in [-rows, rows); "
-                    "scatter and scatter_add: in [0, size) along their dim)"
-                )
+            kinds = self.indexing | ({Kind.GATHER} if self.fused_takes else set())
+            where = [spec(k).index_error for k in Kind if k in kinds]  # in the kinds' order
             raise IndexError(f"saturn: index out of range in {' or '.join(where)}")
+
+    # what a launcher of codegen's may ask of its caller (codegen.launchers.LaunchContext)
+
+    @property
+    def err_ptr(self) -> int:
+        return self.err_word.data_ptr()
+
+    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        strided_copy(src, dst)
 
     # --- outputs: lent out of the arena, copied out only when still held -----------------
 
@@ -330,9 +319,9 @@ def _outputs_viewing_inputs(prog) -> dict[int, str]:
     found = {}
     for k, v in enumerate(prog.outputs):
         s = steps[v]
-        while s.kind == "view":
+        while s.kind == StepKind.VIEW:
             s = steps[s.args[0]]
-        if s.kind == "input":
+        if s.kind == StepKind.INPUT:
             found[k] = s.output
     return found
 
@@ -342,17 +331,17 @@ def _read_only_by_gemms(prog) -> set[str]:
     as a matrix, so the view's buffer may be laid out for the copy's sake)."""
     readers: dict[str, list[Step]] = {}
     for s in prog.steps:
-        args = [o.value for o in s.kernel.inputs] if s.kind == "kernel" else list(s.args)
+        args = [o.value for o in s.kernel.inputs] if s.kind == StepKind.KERNEL else list(s.args)
         for a in args:
             readers.setdefault(a, []).append(s)
     outputs = set(prog.outputs)
     return {
         s.output
         for s in prog.steps
-        if s.kind == "view"
+        if s.kind == StepKind.VIEW
         and s.output not in outputs
         and readers.get(s.output)
-        and all(r.kind == "kernel" and r.kernel.kind == Kind.GEMM for r in readers[s.output])
+        and all(r.kind == StepKind.KERNEL and r.kernel.kind == Kind.GEMM for r in readers[s.output])
     }
 
 
@@ -406,80 +395,17 @@ def _launch_custom(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Ten
     op.run_into(out, build(r._custom_operands(s.output, op, ops), s.kernel.attrs["eps_bits"]))
 
 
-@BUILD.on(Kind.GATHER)
-def _build_gather(r: GpuRunner, s: Step, cc) -> None:
-    table, index = s.kernel.inputs
-    r.takes[s.output] = cg.TakeKernel(
-        cg.MEMORY_SIZE[table.dtype], index.dtype, len(index.shape), cc
-    )
-    r._unbounded_indices |= not indices_in_range(r.r.program, s)
+@BUILD.on(*emitted_kinds())
+def _build_emitted(r: GpuRunner, s: Step, cc) -> None:
+    r.launchers[s.output] = launcher(s.kernel, cc)
+    if facts(s.kernel.kind).indices:
+        r.indexing.add(s.kernel.kind)
+        r._unbounded_indices |= not indices_in_range(r.r.program, s)
 
 
-@LAUNCH.on(Kind.GATHER)
-def _launch_gather(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
-    table, index = ops
-    r.takes[s.output].launch(
-        r.stream,
-        (out.data_ptr(), table.data_ptr(), index.data_ptr(), r.err_word.data_ptr()),
-        (tuple(table.shape), tuple(table.stride())),
-        (tuple(index.shape), tuple(index.stride())),
-    )
-
-
-@BUILD.on(Kind.SCATTER)
-def _build_scatter(r: GpuRunner, s: Step, cc) -> None:
-    base, index, _ = s.kernel.inputs
-    r.scatters[s.output] = cg.ScatterAddKernel(base.dtype, index.dtype, cc)
-    r._unbounded_indices |= not indices_in_range(r.r.program, s)
-
-
-@LAUNCH.on(Kind.SCATTER)
-def _launch_scatter(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
-    base, index, values = ops
-    strided_copy(base, out)  # the table first (on the stream): the adds land on it
-    r.scatters[s.output].launch(
-        r.stream,
-        (out.data_ptr(), values.data_ptr(), index.data_ptr(), r.err_word.data_ptr()),
-        base.shape[0],
-        (tuple(values.shape), tuple(values.stride())),
-        (tuple(index.shape), tuple(index.stride())),
-    )
-
-
-@BUILD.on(Kind.CONCAT)
-def _build_concat(r: GpuRunner, s: Step, cc) -> None:
-    a = s.kernel.inputs[0]
-    r.concats[s.output] = cg.ConcatKernel(
-        cg.MEMORY_SIZE[a.dtype], len(a.shape), s.kernel.attrs["dim"], cc, len(s.kernel.inputs)
-    )
-
-
-@LAUNCH.on(Kind.CONCAT)
-def _launch_concat(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
-    r.concats[s.output].launch(
-        r.stream,
-        (out.data_ptr(), *(p.data_ptr() for p in ops)),
-        *((tuple(p.shape), tuple(p.stride())) for p in ops),
-    )
-
-
-@BUILD.on(Kind.PAD)
-def _build_pad(r: GpuRunner, s: Step, cc) -> None:
-    x = s.kernel.inputs[0]
-    r.pads[s.output] = (
-        cg.PadKernel(cg.MEMORY_SIZE[x.dtype], len(x.shape), cc),
-        fill_word(s.kernel.attrs["value_bits"], x.dtype),
-    )
-
-
-@LAUNCH.on(Kind.PAD)
-def _launch_pad(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
-    (x,) = ops
-    kernel, fill = r.pads[s.output]
-    shape_strides = (tuple(x.shape), tuple(x.stride()))
-    kernel.launch(
-        r.stream, (out.data_ptr(), x.data_ptr()), shape_strides, s.kernel.attrs["pads"], fill
-    )
+@LAUNCH.on(*emitted_kinds())
+def _launch_emitted(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    r.launchers[s.output].launch(r.stream, out, ops, r)
 
 
 @BUILD.on(Kind.GEMM, Kind.CONV)

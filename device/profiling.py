@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from saturn.eqsat.program import Step
+from saturn.eqsat.program import Step, StepKind
 
 MAX_NAMES = 8  # ops named in one range; the rest are counted
 
@@ -27,7 +27,7 @@ def label(s: Step) -> str:
         kind = s.kernel.kind
         names = [*s.covers, *(n for n in s.kernel.fused if n not in s.covers)]
     else:
-        kind = s.kind if s.kind != "host" else f"host {s.op.split('#')[0]}"
+        kind = s.kind if s.kind != StepKind.HOST else f"host {s.op.split('#')[0]}"
         names = list(s.covers)
     shown = ", ".join(names[:MAX_NAMES])
     if len(names) > MAX_NAMES:

@@ -20,9 +20,9 @@ import torch
 
 from saturn.codegen import cpu
 from saturn.eqsat import evaluate as ev
-from saturn.eqsat.kinds import Kind, KindTable, is_body
+from saturn.eqsat.kinds import Kind, KindTable, is_body, spec
 from saturn.eqsat.ownership import OutputOwnership
-from saturn.eqsat.program import Program, Step
+from saturn.eqsat.program import Program, Step, StepKind
 
 from .dtypes import DTYPES, TORCH_DTYPES, HostCall
 from .eager_kernels import byte_span
@@ -134,7 +134,9 @@ class Recipe:
         by_value = {v: k for k, v in self.program.inputs.items()}
         order = {name: i for i, name in enumerate(self.input_names)}
         self._position = {
-            s.output: order[by_value[s.output]] for s in self.program.steps if s.kind == "input"
+            s.output: order[by_value[s.output]]
+            for s in self.program.steps
+            if s.kind == StepKind.INPUT
         }
         self._consts = {}  # made at the first call: compilation runs under fake tensors
         self._labels: dict[str, str] = {}  # profiler range names by step (profiling.py)
@@ -157,7 +159,7 @@ class Recipe:
             self.stream = self.runner.stream
             return
         for s in self.program.steps:
-            if s.kind == "kernel" and is_body(s.kernel.kind):
+            if s.kind == StepKind.KERNEL and is_body(s.kernel.kind):
                 self.kernels[s.output] = cpu.load(s.kernel)
 
     # --- per call -----------------------------------------------------------------------
@@ -188,9 +190,9 @@ class Recipe:
             return self._finish(outs, args, prepared, stats)
         position = self._position  # program value of an input -> its position
         for s in self.program.steps:
-            if s.kind == "input":
+            if s.kind == StepKind.INPUT:
                 env[s.output] = prepared[position[s.output]]
-            elif s.kind == "const":
+            elif s.kind == StepKind.CONST:
                 c = self._consts.get(s.output)
                 if c is None:  # made once, where the program reads it
                     c = const_tensor(s)
@@ -309,13 +311,13 @@ class Recipe:
         return t.to(want).contiguous()
 
     def _step(self, s: Step, env: dict, stats: CallStats):
-        if s.kind == "crossing":
+        if s.kind == StepKind.CROSSING:
             stats.crossings += 1
             src = env[s.args[0]]
             return src.to(self.device) if s.op == "ToDev" else src.cpu()
-        if s.kind == "view":
+        if s.kind == StepKind.VIEW:
             return run_host(s.op, [env[s.args[0]]], s.attrs, {})
-        if s.kind == "host":
+        if s.kind == StepKind.HOST:
             stats.host_ops += 1
             args = [self._host_arg(env[a]) for a in s.args]
             return _traced_float(run_host(s.op, args, s.attrs, self.host_calls), s.dtype)
@@ -381,31 +383,19 @@ def _host_conv(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
     )
 
 
-@HOST_KERNELS.on(Kind.GATHER)
-@_through_torch
-def _host_gather(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
-    return run_host("Take", cpu_in, (), {})  # PyTorch's index_select raises out of range
+def _through_host_ops(kind: str):
+    """A kind whose module says how saturn:0 runs it through the host's ops."""
+    how = spec(kind).host
+
+    def run(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
+        return how(k, cpu_in, lambda op, operands, attrs: run_host(op, operands, attrs, {}))
+
+    return _through_torch(run)
 
 
-@HOST_KERNELS.on(Kind.SCATTER)
-@_through_torch
-def _host_scatter(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
-    return run_host("IndexAdd", cpu_in, (), {})
-
-
-@HOST_KERNELS.on(Kind.CONCAT)
-@_through_torch
-def _host_concat(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
-    r = cpu_in[0]  # two or more pieces, joined two at a time
-    for piece in cpu_in[1:]:
-        r = run_host("Cat", [r, piece], (k.attrs["dim"],), {})
-    return r
-
-
-@HOST_KERNELS.on(Kind.PAD)
-@_through_torch
-def _host_pad(recipe: Recipe, k, cpu_in: list[torch.Tensor]) -> torch.Tensor:
-    return run_host("Pad", cpu_in, (k.attrs["pads"], k.attrs["value_bits"]), {})
+for _kind in Kind:
+    if spec(_kind).host is not None:
+        HOST_KERNELS.on(_kind)(_through_host_ops(_kind))
 
 
 @HOST_KERNELS.on(Kind.CUSTOM)

@@ -28,7 +28,7 @@ from collections import OrderedDict
 
 import torch
 
-from saturn.eqsat.program import Operand, Program
+from saturn.eqsat.program import Operand, Program, StepKind
 
 from .importer import MARKERS, UnsupportedError
 from .recipe import InputSpec, Recipe
@@ -75,7 +75,7 @@ def instantiate(program: Program, sizes: dict[int, int]) -> Program:
                 inputs=[Operand(o.value, o.dtype, shape(o.shape), o.indexing) for o in k.inputs],
             )
         # a view's shape and an Arange's length hold markers; other constants do not
-        sized = s.kind == "view" or (s.kind == "const" and s.op == "Arange")
+        sized = s.kind == StepKind.VIEW or (s.kind == StepKind.CONST and s.op == "Arange")
         attrs = _ints(s.attrs, sizes) if sized else s.attrs
         steps.append(dataclasses.replace(s, shape=shape(s.shape), attrs=attrs, kernel=k))
     return Program(steps, list(program.outputs), dict(program.inputs))
@@ -127,7 +127,7 @@ def extent_markers(recipe: Recipe) -> set[int]:
 
     for st in recipe.program.steps:
         note(st.shape)
-        if st.kind == "view" or (st.kind == "const" and st.op == "Arange"):
+        if st.kind == StepKind.VIEW or (st.kind == StepKind.CONST and st.op == "Arange"):
             note(st.attrs)
         if st.kernel is not None:
             note((st.kernel.shape, st.kernel.domain, [o.shape for o in st.kernel.inputs]))

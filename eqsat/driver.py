@@ -17,7 +17,7 @@ from .costs import MACHINES
 from .egraph import Bounds
 from .errors import EqsatError
 from .graph import load_graph
-from .kinds import Kind, is_body
+from .kinds import Kind, is_body, spec
 from .pipeline import Compiled, compile_graph
 from .program import format_expr
 from .rules import OPT_IN_RULESETS, rule_files, rule_index
@@ -106,19 +106,11 @@ def emit_source(c: Compiled) -> str:
             src = cg.generate(k).source if gpu else cpu.kernel_source(k)[0]
             out += [head, src.rstrip(), ""]
         else:
-            out += [f"{head} (a library call or a fixed kernel: {LIBRARY.get(k.kind, k.kind)})", ""]
+            out += [
+                f"{head} (a library call or a fixed kernel: {spec(k.kind).describe or k.kind})",
+                "",
+            ]
     return "\n".join(out) + "\n" if out else "# no generated kernels\n"
-
-
-LIBRARY = {
-    "gemm": "cuBLASLt through nvmath",
-    "conv": "cuDNN",
-    "custom": "a custom op",
-    "gather": "saturn's take kernel",
-    "scatter": "saturn's add-at kernel",
-    "concat": "saturn's concatenation kernel",
-    "pad": "saturn's pad kernel",
-}
 
 
 def emit_plan(c: Compiled) -> str:

@@ -23,9 +23,10 @@ from .costs import Machine
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
 from .graph import Graph
+from .kinds import TERMS, nbytes
 
 Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
-KERNELS = ot.KERNEL_KINDS
+KERNELS = tuple(TERMS)  # the kernels' e-graph terms (kinds/)
 MOVEMENT = ("View", "Permute", "Expand", "Slice")
 HOST, DEVICE = "host", "device"
 
@@ -36,40 +37,24 @@ HOST, DEVICE = "host", "device"
 def _enode_type(en: ENode, ty: dict[int, Type]) -> Type | None:
     """The type an e-node computes, or None while a child's type is unknown."""
     op = en.op
-    # a bias may be NoBias; a TList is typed by its head alone
-    need = en.kids[:2] if op in ("Gemm", "Conv") else en.kids[:1] if op == "TCons" else en.kids
+    kind = TERMS.get(op)
+    if kind is not None:  # a kernel's term: its kind types it
+        need = en.kids if kind.typed_kids is None else en.kids[: kind.typed_kids]
+    else:  # a TList is typed by its head alone
+        need = en.kids[:1] if op == "TCons" else en.kids
     kids = []
     for k in need:
         if k not in ty:
             return None
         kids.append(ty[k])
-    if op in ("ToDev", "ToHost", "Loop", "Inline", "Ld", "TCons"):
+    if kind is not None:
+        return kind.type_of(en.attrs, kids)
+    if op in ("ToDev", "ToHost", "Inline", "Ld", "TCons"):
         return kids[0]  # a TList is typed by its head, so a Custom op by its first operand
     if op == "ESc":
         return (en.attrs[1], ())
     if op in ("TNil", "NoBias", "Opaque", "Item", "Input", "Param"):
         return None  # typed from the graph (seeded) or not a value
-    if op == "Reduce":
-        kind, dims, kd = en.attrs
-        dtype, shape = kids[0]
-        if kind in ("sum", "prod") and not ot.is_float(dtype):
-            dtype = "i64"
-        return (dtype, tyr.reduce_shape(shape, dims, kd))
-    if op == "Gemm":
-        (da, a), (_, b) = kids[0], kids[1]
-        return (da, tyr.shape_of(ot.op("BatchMatMul" if len(a) == 3 else "MatMul"), [a, b], ()))
-    if op == "Conv":
-        return (kids[0][0], tyr.conv_shape(kids[0][1], kids[1][1], *en.attrs))
-    if op == "Gather":
-        return (kids[0][0], tyr.take_shape(kids[0][1], kids[1][1]))
-    if op == "ScatterAdd":
-        return (kids[0][0], tyr.index_add_shape(kids[0][1], kids[1][1], kids[2][1]))
-    if op == "Concat":
-        return (kids[0][0], tyr.cat_shape(kids[0][1], kids[1][1], en.attrs[0]))
-    if op == "PadCopy":
-        return (kids[0][0], tyr.pad_shape(kids[0][1], en.attrs[0]))
-    if op == "Custom":
-        return kids[0]  # saturn's custom kernels keep their first operand's type
     if op.startswith("E") and op[1:] in ot.BY_NAME:
         row = ot.op(op[1:])
         attrs = en.attrs
@@ -142,10 +127,6 @@ def infer_placement(view: EGraphView) -> dict[int, str]:
 # --- cost model ---------------------------------------------------------------------------
 
 
-def nbytes(t: Type) -> int:
-    return math.prod(t[1]) * ot.ITEMSIZE[t[0]]
-
-
 @dataclass
 class CostModel:
     machine: Machine
@@ -177,26 +158,9 @@ class CostModel:
             return 0.0
         if op.startswith("E") and op[1:] in ot.BY_NAME:
             return math.prod(t[1]) * ot.op(op[1:]).flops / m.device_flops_per_us
-        if op in ("Loop", "Reduce", "Custom"):
-            return m.launch_us + nbytes(t) / m.device_bytes_per_us
-        if op == "Gather":  # reads the rows it writes and the index
-            moved = 2 * nbytes(t) + nbytes(self.types[en.kids[1]])
-            return m.launch_us + moved / m.device_bytes_per_us
-        if op == "ScatterAdd":  # copies the table, then reads the values and adds them
-            values = self.types[en.kids[2]]
-            moved = 2 * nbytes(t) + 2 * nbytes(values) + nbytes(self.types[en.kids[1]])
-            return 2 * m.launch_us + moved / m.device_bytes_per_us
-        if op in ("Concat", "PadCopy"):  # reads (at most) what it writes
-            return m.launch_us + 2 * nbytes(t) / m.device_bytes_per_us
-        if op in ("Gemm", "Conv"):
-            a, b = self.types[en.kids[0]], self.types[en.kids[1]]
-            k = a[1][-1] if op == "Gemm" else math.prod(b[1][1:])
-            flops = 2 * math.prod(t[1]) * k
-            return (
-                m.library_call_us
-                + flops / m.gemm_flops_per_us
-                + (nbytes(a) + nbytes(b) + nbytes(t)) / m.device_bytes_per_us
-            )
+        kind = TERMS.get(op)
+        if kind is not None:  # a kernel: its kind's cost
+            return kind.cost(m, t, [self.types.get(k) for k in en.kids])
         # a graph-level op run on the host
         moved = nbytes(t) if t else 0
         extra = 0.0

@@ -15,12 +15,13 @@ from . import optable as ot
 from .egraph import ENode
 from .errors import ValidationError
 from .extract import DEVICE, MOVEMENT
-from .kinds import Kind
+from .kinds import TERMS, Kind
 from .program import (
     Expr,
     Kernel,
     Operand,
     Step,
+    StepKind,
     indexing,
     packed_strides,
     view_strides,
@@ -75,32 +76,11 @@ class KernelBodies:
         def library(kind: str, operands: list[int], attrs: dict) -> Kernel:
             # library calls read their operands through strides, as they lie
             inputs = [Operand(self.value(c), *self.typ(c), "strided") for c in operands]
-            return Kernel(kind, out, dtype, shape, inputs, None, shape, attrs, covers)
+            return Kernel(Kind(kind), out, dtype, shape, inputs, None, shape, attrs, covers)
 
-        if en.op == "Gemm":
-            ops = [k for k in en.kids if not self._nobias(k)]
-            return library(Kind.GEMM, ops, {"epilogue": en.attrs[0]})
-        if en.op == "Conv":
-            ops = [k for k in en.kids if not self._nobias(k)]
-            st, pa, di, g = en.attrs
-            return library(
-                Kind.CONV,
-                ops,
-                {"stride": st, "padding": pa, "dilation": di, "groups": g, "bias": len(ops) == 3},
-            )
-        if en.op == "Gather":
-            return library(Kind.GATHER, list(en.kids), {})
-        if en.op == "ScatterAdd":
-            return library(Kind.SCATTER, list(en.kids), {})
-        if en.op == "Concat":
-            return library(Kind.CONCAT, list(en.kids), {"dim": en.attrs[0]})
-        if en.op == "PadCopy":
-            pads, value = en.attrs
-            return library(Kind.PAD, list(en.kids), {"pads": tuple(pads), "value_bits": value})
-        if en.op == "Custom":
-            return library(
-                Kind.CUSTOM, self.tlist(en.kids[0]), {"name": en.attrs[0], "eps_bits": en.attrs[1]}
-            )
+        spec = TERMS.get(en.op)
+        if spec is not None and spec.lower is not None:
+            return spec.lower(en, library, self)
         raise ValidationError(f"lowering: unknown kernel {en.op}")
 
     def _broadcast_scalar(self, cid: int) -> tuple | None:
@@ -254,7 +234,7 @@ class KernelBodies:
         return self.emit(
             # named by position: two reductions may view one operand in different orders
             Step(
-                "view",
+                StepKind.VIEW,
                 f"{src}_{op.lower()}{len(self.steps)}",
                 op,
                 (src,),
@@ -265,7 +245,7 @@ class KernelBodies:
             )
         )
 
-    def _nobias(self, cid: int) -> bool:
+    def is_nobias(self, cid: int) -> bool:
         return any(e.op == "NoBias" for e in self.view.classes[cid])
 
     def _inline_cut(self, cid: int, depth: int, reads: Collection[int]) -> int | None:
@@ -374,7 +354,7 @@ class KernelBodies:
             return out
         if op in ("Opaque", "Custom"):
             return self.tlist(en.kids[0])
-        return [k for k in en.kids if k in self.best and not self._nobias(k)]
+        return [k for k in en.kids if k in self.best and not self.is_nobias(k)]
 
     def expr(self, cid: int, leaves: list[int], covers: list[str], depth: int = 0) -> Expr:
         en = self.best[cid].enode

@@ -24,6 +24,7 @@ from .program import (
     Program,
     Stage,
     Step,
+    StepKind,
     renumber,
     validate,
 )
@@ -246,7 +247,7 @@ def _rows_step(s: Step, order: list[Step]) -> Step:
     )
     args = tuple(o.value for o in operands)
     return Step(
-        "kernel",
+        StepKind.KERNEL,
         s.output,
         Kind.ROWS,
         args,

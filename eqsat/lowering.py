@@ -16,6 +16,7 @@ from .kinds import Kind
 from .program import (
     Program,
     Step,
+    StepKind,
     leaves,
     renumber,
     validate,
@@ -113,7 +114,7 @@ class _Lowering(KernelBodies):
         if en.op in ("Input", "Param"):
             return self.emit(
                 Step(
-                    "input",
+                    StepKind.INPUT,
                     out,
                     en.attrs[0],
                     dtype=dtype,
@@ -122,7 +123,9 @@ class _Lowering(KernelBodies):
                 )
             )
         if en.op in ot.CONSTANTS:
-            return self.emit(Step("const", out, en.op, attrs=en.attrs, dtype=dtype, shape=shape))
+            return self.emit(
+                Step(StepKind.CONST, out, en.op, attrs=en.attrs, dtype=dtype, shape=shape)
+            )
         if en.op == "ToDev" and self._constant(en.kids[0]):
             return self.device_constant(en.kids[0], out, dtype, shape)
         if en.op in ("ToDev", "ToHost"):
@@ -131,7 +134,7 @@ class _Lowering(KernelBodies):
                 return src  # inputs already live on the device
             return self.emit(
                 Step(
-                    "crossing",
+                    StepKind.CROSSING,
                     out,
                     en.op,
                     (src,),
@@ -144,7 +147,7 @@ class _Lowering(KernelBodies):
             src = self.value(en.kids[0])
             return self.emit(
                 Step(
-                    "view",
+                    StepKind.VIEW,
                     out,
                     en.op,
                     (src,),
@@ -159,7 +162,7 @@ class _Lowering(KernelBodies):
             k = self.kernel(cid, en, out, dtype, shape)
             return self.emit(
                 Step(
-                    "kernel",
+                    StepKind.KERNEL,
                     out,
                     k.kind,
                     tuple(o.value for o in k.inputs),
@@ -172,11 +175,13 @@ class _Lowering(KernelBodies):
             )
         if en.op == "Opaque":
             args = tuple(self.host_value(c) for c in self.tlist(en.kids[0]))
-            return self.emit(Step("host", out, en.attrs[0], args, (), dtype, shape, covers=covers))
+            return self.emit(
+                Step(StepKind.HOST, out, en.attrs[0], args, (), dtype, shape, covers=covers)
+            )
         if en.op == "Item":
             return self.emit(
                 Step(
-                    "host",
+                    StepKind.HOST,
                     out,
                     "Item",
                     (self.value(en.kids[0]),),
@@ -187,7 +192,9 @@ class _Lowering(KernelBodies):
                 )
             )
         args = tuple(self.host_value(k) for k in en.kids)
-        return self.emit(Step("host", out, en.op, args, en.attrs, dtype, shape, covers=covers))
+        return self.emit(
+            Step(StepKind.HOST, out, en.op, args, en.attrs, dtype, shape, covers=covers)
+        )
 
     def host_value(self, cid: int) -> str:
         """A host op's operand: an input living on the device crosses first (once)."""
@@ -199,7 +206,13 @@ class _Lowering(KernelBodies):
             dtype, shape = self.typ(cid)
             self.done_extra[key] = self.emit(
                 Step(
-                    "crossing", f"h{cid}", "ToHost", (name,), dtype=dtype, shape=shape, place="host"
+                    StepKind.CROSSING,
+                    f"h{cid}",
+                    "ToHost",
+                    (name,),
+                    dtype=dtype,
+                    shape=shape,
+                    place="host",
                 )
             )
         return self.done_extra[key]
@@ -211,7 +224,9 @@ class _Lowering(KernelBodies):
         """Constant class ``cid`` made on the device once, not copied there on every call."""
         kid = self.best[cid].enode
         return self.emit(
-            Step("const", out, kid.op, attrs=kid.attrs, dtype=dtype, shape=shape, place=DEVICE)
+            Step(
+                StepKind.CONST, out, kid.op, attrs=kid.attrs, dtype=dtype, shape=shape, place=DEVICE
+            )
         )
 
     def _constant(self, cid: int) -> bool:
@@ -263,7 +278,7 @@ def lower(
                 else:
                     low.done_extra[key] = low.emit(
                         Step(
-                            "crossing",
+                            StepKind.CROSSING,
                             f"o{r}",
                             "ToDev",
                             (low.value(r),),

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from .optable import ITEMSIZE
-from .program import Program
+from .program import Program, StepKind
 
 ALIGN = 256  # bytes: library calls and 16-byte vector accesses both want aligned bases
 
@@ -61,10 +61,10 @@ def plan_memory(program: Program) -> MemoryPlan:
     last: dict[str, int] = {}
     size: dict[str, int] = {}
     for i, s in enumerate(steps):
-        if s.kind == "kernel":
+        if s.kind == StepKind.KERNEL:
             first[s.output] = last[s.output] = i
             size[s.output] = nbytes(s.dtype, s.shape)
-        elif s.kind == "view" and s.args and s.args[0] in root | first.keys():
+        elif s.kind == StepKind.VIEW and s.args and s.args[0] in root | first.keys():
             root[s.output] = root.get(s.args[0], s.args[0])
         for a in s.args:
             r = root.get(a, a)

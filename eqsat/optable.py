@@ -57,19 +57,6 @@ from .op_rows import OPS
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 BY_ATEN: dict[str, Op] = {a: op for op in OPS for a in op.aten}
 
-# Device-level constructors (kernels, crossings); not rows of graph-level ops but named here
-# so the schema and the consumers agree on them.
-KERNEL_KINDS = (
-    "Loop",
-    "Reduce",
-    "Gemm",
-    "Conv",
-    "Gather",
-    "ScatterAdd",
-    "Concat",
-    "PadCopy",
-    "Custom",
-)
 # Leaves whose values the compiler knows: made once where the program reads them (a device
 # copy made once, not a crossing per call).
 CONSTANTS = ("Scalar", "Arange")

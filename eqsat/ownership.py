@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import optable as ot
 from .graph import Graph
-from .program import Program
+from .program import Program, StepKind
 
 Root = tuple[str, str]  # ("input", graph input) | ("value", node or program value) | ("const", ...)
 
@@ -60,7 +60,7 @@ def program_root(prog: Program, value: str) -> tuple[str, str]:
     constant, or a step that writes memory of its own (a kernel, a host op, a crossing)."""
     steps = {s.output: s for s in prog.steps}
     s = steps[value]
-    while s.kind == "view":
+    while s.kind == StepKind.VIEW:
         s = steps[s.args[0]]
     return (s.kind, s.output)
 
@@ -80,9 +80,13 @@ def output_ownership(graph: Graph, prog: Program) -> OutputOwnership:
         if eager[0] == "input":
             continue  # eager's output views an input: so may ours
         owned.append(k)
-        if kind in ("input", "const"):
-            (copy if kind == "input" else constants).append(k)
-            what = f"input {input_of.get(root, root)}" if kind == "input" else f"constant {root}"
+        if kind in (StepKind.INPUT, StepKind.CONST):
+            (copy if kind == StepKind.INPUT else constants).append(k)
+            what = (
+                f"input {input_of.get(root, root)}"
+                if kind == StepKind.INPUT
+                else f"constant {root}"
+            )
             why.append(f"output {k} ({name}) is a view of {what}")
             continue
         served = owner.setdefault((kind, root), eager)
@@ -90,6 +94,6 @@ def output_ownership(graph: Graph, prog: Program) -> OutputOwnership:
             copy.append(k)
             why.append(f"output {k} ({name}) shares {root} with an output eager keeps apart")
             continue
-        if steps[value].kind == "view":
+        if steps[value].kind == StepKind.VIEW:
             layout.append(k)
     return OutputOwnership(tuple(copy), tuple(constants), tuple(layout), tuple(why), tuple(owned))

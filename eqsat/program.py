@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from . import optable as ot
 from .errors import ValidationError
@@ -61,9 +62,23 @@ class Kernel:
     stages: list[Stage] = field(default_factory=list)
 
 
+class StepKind(StrEnum):
+    """What a step of a program is; a member equals (and prints as) its program text."""
+
+    INPUT = "input"  # a boundary input
+    CONST = "const"  # a value the compiler knows (a scalar, an arange), made once
+    CROSSING = "crossing"  # a copy between host and device
+    VIEW = "view"  # a reshape, permute, expand or slice of another step's value
+    HOST = "host"  # an op run on the host
+    KERNEL = "kernel"  # a device kernel (``Kernel``)
+
+    def __repr__(self) -> str:
+        return repr(self.value)  # as its string: digests and cache keys are unchanged
+
+
 @dataclass
 class Step:
-    kind: str  # input | host | crossing | view | kernel | const
+    kind: str  # a StepKind (or the string a program's text holds)
     output: str
     op: str = ""
     args: tuple[str, ...] = ()
@@ -110,9 +125,9 @@ def format_expr(e: Expr) -> str:
 
 def format_step(s: Step) -> str:
     typ = f"{s.dtype}{fmt_ints(s.shape)}"
-    if s.kind == "input":
+    if s.kind == StepKind.INPUT:
         return f"{s.output} = input {s.op} : {typ}"
-    if s.kind == "kernel":
+    if s.kind == StepKind.KERNEL:
         k = s.kernel
         ins = ", ".join(f"in{i}={o.value}/{o.indexing}" for i, o in enumerate(k.inputs))
         attrs = "".join(
@@ -126,7 +141,7 @@ def format_step(s: Step) -> str:
         return f"{s.output} = kernel {k.kind}({ins}){attrs}{body} : {typ}"
     args = " ".join(s.args)
     attrs = "".join(f" {fmt_attr_value(a)}" for a in s.attrs)
-    where = f" @{s.place}" if s.kind in ("view", "const") else ""
+    where = f" @{s.place}" if s.kind in (StepKind.VIEW, StepKind.CONST) else ""
     return f"{s.output} = {s.kind} {s.op} {args}{attrs}{where} : {typ}".replace("  ", " ")
 
 
@@ -241,7 +256,7 @@ def validate(prog: Program) -> None:
                 raise ValidationError(f"lower: {s.output} uses {u} before it is defined")
         if s.output in defined:
             raise ValidationError(f"lower: {s.output} defined twice")
-        if s.kind != "const" and not s.dtype:
+        if s.kind != StepKind.CONST and not s.dtype:
             raise ValidationError(f"lower: {s.output} has no type")
         defined.add(s.output)
     for o in prog.outputs:

@@ -29,7 +29,7 @@ import numpy as np
 from . import optable as ot
 from .graph import bits_float
 from .kinds import Kind, facts
-from .program import Program, Step
+from .program import Program, Step, StepKind
 
 Interval = tuple[float, float]
 UNBOUNDED: Interval = (-math.inf, math.inf)
@@ -144,17 +144,17 @@ def value_bounds(prog: Program, name: str) -> Interval:
         return memo[v]
 
     def _step(s: Step) -> Interval:
-        if s.kind == "const" and s.op == "Arange":
+        if s.kind == StepKind.CONST and s.op == "Arange":
             start, step, n, _ = s.attrs
             ends = (start, start + step * max(n - 1, 0))
             return (min(ends), max(ends)) if n else (math.inf, -math.inf)  # no values
-        if s.kind == "const" and s.op == "Scalar":
+        if s.kind == StepKind.CONST and s.op == "Scalar":
             v = bits_float(s.attrs[0])
             return (v, v) if math.isfinite(v) else UNBOUNDED
-        if s.kind == "view" and s.op in VIEWS:
+        if s.kind == StepKind.VIEW and s.op in VIEWS:
             return go(s.args[0])
         k = s.kernel
-        if s.kind == "kernel" and k is not None and k.kind == Kind.LOOP:
+        if s.kind == StepKind.KERNEL and k is not None and k.kind == Kind.LOOP:
             dtypes = [s.dtype, *(o.dtype for o in k.inputs)]
             if any(d not in ot.INTS and d != "bool" for d in dtypes):
                 return UNBOUNDED  # a float or a cast along the way: not followed

@@ -19,11 +19,17 @@ DEVICE = {"saturn": ROOT / "device"}
 
 
 def _modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
-    return {
-        f"{pkg}.{f.stem}" if f.stem != "__init__" else pkg: f
-        for pkg, folder in packages.items()
-        for f in sorted(folder.glob("*.py"))
-    }
+    """Every module of the packages, those of their subpackages (``eqsat/kinds/``)
+    included; the device package's own subfolders are packages of their own."""
+    found = {}
+    for pkg, folder in packages.items():
+        files = folder.glob("*.py") if pkg == "saturn" else folder.rglob("*.py")
+        for f in sorted(files):
+            parts = [*f.relative_to(folder).parent.parts]
+            if f.stem != "__init__":
+                parts.append(f.stem)
+            found[".".join([pkg, *parts])] = f
+    return found
 
 
 def _imports(name: str, path: Path) -> set[str]:
