@@ -71,3 +71,84 @@ def test_a_pads_constant_is_the_bits_pytorch_converts_it_to(dtype):
         values = [v for v in values if v >= 0]
     for v in values:
         assert fill_word(float_bits(v), dtype) == _torch_word(v, dtype), v
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def launch(self, *args) -> None:
+        self.calls.append(args)
+
+
+class _Context:
+    err_ptr = 4242
+
+    def __init__(self) -> None:
+        self.copies: list[tuple] = []
+
+    def copy(self, src, dst) -> None:
+        self.copies.append((src.data_ptr(), dst.data_ptr()))
+
+
+def _kernel(kind, inputs, shape, attrs=None):
+    from saturn.eqsat.program import Kernel, Operand
+
+    ops = [Operand(f"in{i}", d, s, "strided") for i, (d, s) in enumerate(inputs)]
+    return Kernel(kind, "out", inputs[0][0], shape, ops, None, shape, attrs or {})
+
+
+def test_codegens_launchers_pass_each_kernel_its_operands_as_they_lie():
+    """The launchers the GPU runner builds for codegen's kinds, run without a GPU: each
+    hands its kernel the output's and operands' addresses, shapes and strides (a
+    transposed operand as it lies), the runner's error word where the kind reads at
+    indices, and a row add copies its table into the output first."""
+    from saturn.codegen.concat import ConcatLauncher
+    from saturn.codegen.pad import PadLauncher
+    from saturn.codegen.scatter_add import ScatterAddLauncher
+    from saturn.codegen.take import TakeLauncher
+
+    cc, ctx = (9, 0), _Context()
+    table, ids = torch.zeros(6, 4).t(), torch.zeros(3, dtype=torch.int64)  # table: [4, 6]
+    out = torch.zeros(3, 6)
+    la = launchers.launcher(_kernel(Kind.GATHER, [("f32", (4, 6)), ("i64", (3,))], (3, 6)), cc)
+    assert isinstance(la, TakeLauncher) and la.expected() == []
+    la.kernel = rec = _Recorder()
+    la.launch(7, out, [table, ids], ctx)
+    ptrs = (out.data_ptr(), table.data_ptr(), ids.data_ptr(), 4242)
+    assert rec.calls == [(7, ptrs, ((4, 6), (1, 4)), ((3,), (1,)))]
+
+    base, values = torch.zeros(5, 4), torch.zeros(3, 4)
+    k = _kernel(Kind.SCATTER, [("f32", (5, 4)), ("i64", (3,)), ("f32", (3, 4))], (5, 4))
+    la = launchers.launcher(k, cc)
+    assert isinstance(la, ScatterAddLauncher)
+    la.kernel = rec = _Recorder()
+    out = torch.zeros(5, 4)
+    la.launch(7, out, [base, ids, values], ctx)
+    assert ctx.copies == [(base.data_ptr(), out.data_ptr())]
+    ptrs = (out.data_ptr(), values.data_ptr(), ids.data_ptr(), 4242)
+    assert rec.calls == [(7, ptrs, 5, ((3, 4), (4, 1)), ((3,), (1,)))]
+
+    a, b = torch.zeros(2, 3), torch.zeros(3, 2).t()
+    k = _kernel(Kind.CONCAT, [("bf16", (2, 3)), ("bf16", (2, 3))], (2, 6), {"dim": 1})
+    la = launchers.launcher(k, cc)
+    assert isinstance(la, ConcatLauncher) and la.kernel.width == 2 and la.kernel.dim == 1
+    assert la.expected() == la.kernel.expected()
+    la.kernel = rec = _Recorder()
+    out = torch.zeros(2, 6)
+    la.launch(7, out, [a, b], ctx)
+    ptrs = (out.data_ptr(), a.data_ptr(), b.data_ptr())
+    assert rec.calls == [(7, ptrs, ((2, 3), (3, 1)), ((2, 3), (1, 2)))]
+
+    x = torch.zeros(2, 3)
+    bits = float_bits(float("-inf"))
+    k = _kernel(Kind.PAD, [("f16", (2, 3))], (2, 5), {"pads": (0, 0, 1, 1), "value_bits": bits})
+    la = launchers.launcher(k, cc)
+    assert isinstance(la, PadLauncher) and la.expected() == [la.kernel.g]
+    assert la.fill == 0xFC00  # float16's -inf
+    la.kernel = rec = _Recorder()
+    out = torch.zeros(2, 5)
+    la.launch(7, out, [x], ctx)
+    assert rec.calls == [
+        (7, (out.data_ptr(), x.data_ptr()), ((2, 3), (3, 1)), (0, 0, 1, 1), 0xFC00)
+    ]
