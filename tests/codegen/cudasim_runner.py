@@ -17,6 +17,9 @@ import threading  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba.cuda.simulator import kernelapi  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cudasim_blocks  # noqa: E402
+
 
 def _install_warp_shuffle() -> None:
     """The simulator has no warp shuffles; give it shfl_down_sync for whole warps (every
@@ -53,6 +56,9 @@ def _install_warp_shuffle() -> None:
 
 
 _install_warp_shuffle()
+
+
+cudasim_blocks.install()
 
 from saturn.codegen import cuda as cg  # noqa: E402
 from saturn.codegen import cuda_reads, cuda_rows  # noqa: E402
@@ -1093,12 +1099,13 @@ def run_graphs() -> int:
 
 def run_variants() -> int:
     """Rows kernels in their other forms, and the scalar loop variant."""
+    failures = run_scheduler()
     # rows kernels again with the row kept in registers however short it is, by blocks
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
     rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
     cuda_rows.ROW_CACHE_BYTES = 0
-    failures = run_all(rows, tag=" (kept)")
+    failures += run_all(rows, tag=" (kept)")
     cuda_rows.ROWS_WARP_MIN = 0
     failures += run_all(rows, tag=" (warps)")
     cuda_rows.ROW_REGISTERS = 0
@@ -1118,6 +1125,45 @@ def run_variants() -> int:
         }
     )
     return failures
+
+
+def run_scheduler() -> int:
+    """The block scheduler (cudasim_blocks): a shared-memory sum over two barriers sees
+    every thread's write, threads that return early do not hold the others at the
+    barrier, and a thread's exception is raised from the launch."""
+    from numba import float32
+
+    @cuda.jit
+    def block_sum(out, x, live):
+        buf = cuda.shared.array(64, dtype=float32)
+        t = cuda.threadIdx.x
+        if t >= live:
+            return
+        buf[t] = x[t]
+        cuda.syncthreads()
+        if t == 0:
+            acc = float32(0)
+            for i in range(live):
+                acc += buf[i]
+            buf[0] = acc
+        cuda.syncthreads()
+        out[t] = buf[0]
+
+    failures = 0
+    for live in (64, 40):
+        x = np.arange(64, dtype=np.float32)
+        out = np.full(64, np.nan, dtype=np.float32)
+        block_sum[1, 64](out, x, live)
+        ok = bool((out[:live] == x[:live].sum()).all() and np.isnan(out[live:]).all())
+        print(f"{'ok' if ok else 'FAIL'} scheduler block sum, {live} live threads")
+        failures += not ok
+    try:
+        block_sum[1, 64](np.zeros(8, dtype=np.float32), np.zeros(64, dtype=np.float32), 64)
+        raised = False
+    except IndexError:
+        raised = True
+    print(f"{'ok' if raised else 'FAIL'} scheduler raises a thread's error")
+    return failures + (not raised)
 
 
 SECTIONS = {"movement": run_movement, "graphs": run_graphs, "variants": run_variants}

@@ -6,11 +6,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+BLOCKS = Path(__file__).resolve().parents[1] / "codegen"  # cudasim_blocks.py
+
 SCRIPT = r"""
+import sys
 import numpy as np
+sys.path.insert(0, {blocks!r})
+import cudasim_blocks  # the block scheduler the simulator tests share
+cudasim_blocks.install()
 import saturn.library as L
 rng = np.random.default_rng(0)
 x = rng.standard_normal((3, 300)).astype(np.float32)
@@ -34,6 +41,10 @@ print("ok")
 def test_library_kernels_under_the_cuda_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", SCRIPT.format(blocks=str(BLOCKS))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr[-3000:]
