@@ -338,16 +338,50 @@ def _h_slice(imp: Importer, node: torch.fx.Node):
     )
 
 
+def pad_or_crop(
+    imp: Importer, x: str, pads: list[int], value_bits: int, dtype: str, name: str | None = None
+) -> str:
+    """``x`` padded by (before, after) per axis, axis 0 first: a negative amount crops
+    (a Slice per cropped axis, views), a positive one pads (one Pad); ``name``: the last
+    node's. Exact for every value: bits are moved, the constant is written outside."""
+    shape = list(imp.g.nodes[x].shape)
+    crops = [d for d in range(len(shape)) if pads[2 * d] < 0 or pads[2 * d + 1] < 0]
+    grow = any(p > 0 for p in pads)
+    for k, d in enumerate(crops):
+        lo, hi = max(0, -pads[2 * d]), shape[d] - max(0, -pads[2 * d + 1])
+        shape[d] = hi - lo
+        last = k == len(crops) - 1 and not grow
+        x = imp.add(
+            Node(
+                name if last and name else imp.fresh("crop"),
+                "Slice",
+                (x,),
+                (d, lo, hi, 1),
+                dtype,
+                tuple(shape),
+            ),
+            name if last else None,
+        )
+    if grow:
+        pos = tuple(max(0, p) for p in pads)
+        out = tuple(n + pos[2 * d] + pos[2 * d + 1] for d, n in enumerate(shape))
+        x = imp.add(
+            Node(name or imp.fresh("pad"), "Pad", (x,), (pos, value_bits), dtype, out), name
+        )
+    return x
+
+
 def _h_constant_pad(imp: Importer, node: torch.fx.Node):
-    """constant_pad_nd(x, pad, value): a Pad (pad lists the last axis first). Declined for
-    negative pads (crops) and for a value the dtype cannot hold exactly (PyTorch would
-    convert it; saturn does not guess how)."""
+    """constant_pad_nd(x, pad, value): a Pad (pad lists the last axis first); negative
+    amounts crop (F.pad's backward): Slices first. Declined for a value the dtype cannot
+    hold exactly (PyTorch would convert it; saturn does not guess how) and for a crop
+    past an axis's extent."""
     x, pad = node.args[0], list(node.args[1])
     value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
     xn = imp.g.nodes[imp.env[x.name]]
     dtype, shape = tensor_type(node)
     rank = len(xn.shape)
-    if len(pad) % 2 or len(pad) > 2 * rank or any(type(p) is not int or p < 0 for p in pad):
+    if len(pad) % 2 or len(pad) > 2 * rank or any(type(p) is not int for p in pad):
         return None
     if not isinstance(value, int | float) or dtype != xn.dtype:
         return None
@@ -364,8 +398,14 @@ def _h_constant_pad(imp: Importer, node: torch.fx.Node):
     for k in range(len(pad) // 2):  # pair k pads axis rank - 1 - k
         d = rank - 1 - k
         pads[2 * d], pads[2 * d + 1] = pad[2 * k], pad[2 * k + 1]
+    if any(max(0, -pads[2 * d]) + max(0, -pads[2 * d + 1]) > n for d, n in enumerate(xn.shape)):
+        return None  # cropped past its extent: PyTorch raises
+    if any(p < 0 for p in pads) and any(v in MARKERS for v in xn.shape):
+        return None  # a crop of a symbolic extent
     attrs = (tuple(pads), float_bits(float(value)))
-    return imp.add(Node(node.name, "Pad", (xn.name,), attrs, dtype, shape), node.name)
+    if all(p >= 0 for p in pads):
+        return imp.add(Node(node.name, "Pad", (xn.name,), attrs, dtype, shape), node.name)
+    return pad_or_crop(imp, xn.name, pads, attrs[1], dtype, node.name)
 
 
 def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
@@ -382,7 +422,7 @@ def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
     )
     dim = 0 if dim is None else dim
     step = 1 if step is None else step
-    if not all(v is None or type(v) is int for v in (dim, start, end)) or step != 1:
+    if not all(v is None or type(v) is int for v in (dim, start, end, step)) or step < 1:
         return None
     bn, sn = imp.g.nodes[imp.env[base.name]], imp.g.nodes[imp.env[src.name]]
     dtype, shape = tensor_type(node)
@@ -393,11 +433,15 @@ def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
     n = shape[dim]
     if any(v in MARKERS for v in shape) or any(v in MARKERS for v in sn.shape):
         return None
-    lo, hi, _ = slice(start, end).indices(n)
+    lo, hi, _ = slice(start, end, step).indices(n)
     hi = max(hi, lo)
-    want = tuple(hi - lo if d == dim else shape[d] for d in range(rank))
+    m = len(range(lo, hi, step))
+    want = tuple(m if d == dim else shape[d] for d in range(rank))
     if tuple(sn.shape) != want:
         return None
+    if step > 1 and m > 1:
+        return _strided_slice_scatter(imp, node, bn.name, sn.name, dim, lo, m, step)
+    hi = lo + m  # one element (or none) at a step: the same as a step of 1
     if (lo, hi) == (0, n) or lo == hi:  # the whole of base (src's values), or none of it
         whole = sn.name if lo < hi else bn.name
         return imp.add(Node(node.name, "Cast", (whole,), (dtype,), dtype, shape), node.name)
@@ -423,6 +467,53 @@ def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
             Node(name, "Where", (inside, out, bn.name), (), dtype, shape), name if last else None
         )
     return out
+
+
+def _strided_slice_scatter(
+    imp: Importer, node: torch.fx.Node, base: str, src: str, dim: int, lo: int, m: int, step: int
+):
+    """base with every ``step``-th element along ``dim`` from ``lo`` (``m`` of them)
+    replaced by src (the backward of a strided slice: Swin's patch merging takes
+    ``x[:, 0::2]``): src spread ``step`` apart (a View, a zero Pad of a new axis, a View),
+    placed at ``lo`` (padded, cropped where it passes the end), then selected where
+    ``i >= lo``, ``i - lo < (m - 1) * step + 1`` and ``(i - lo) % step == 0`` along ``dim``
+    (an arange compared, broadcast). Data movement and selects: exact for every value."""
+    dtype, shape = tensor_type(node)
+    rank, n = len(shape), shape[dim]
+    src_shape = imp.g.nodes[src].shape
+    zero = float_bits(0.0)
+    one = (*src_shape[:dim], m, 1, *src_shape[dim + 1 :])
+    x = imp.add(Node(imp.fresh("spread_v"), "View", (src,), (one,), dtype, one))
+    pads = [0] * (2 * rank + 2)
+    pads[2 * dim + 3] = step - 1
+    wide = (*src_shape[:dim], m, step, *src_shape[dim + 1 :])
+    x = imp.add(Node(imp.fresh("spread_p"), "Pad", (x,), (tuple(pads), zero), dtype, wide))
+    spread = (*src_shape[:dim], m * step, *src_shape[dim + 1 :])
+    x = imp.add(Node(imp.fresh("spread"), "View", (x,), (spread,), dtype, spread))
+    place = [0] * (2 * rank)
+    place[2 * dim], place[2 * dim + 1] = lo, n - lo - m * step
+    x = pad_or_crop(imp, x, place, zero, dtype)
+    axis = tuple(n if d == dim else 1 for d in range(rank))
+    idx = imp.add(Node(imp.fresh("spread_i"), "Arange", (), (-lo, 1, n, "i64"), "i64", (n,)))
+    idx = imp.add(Node(imp.fresh("spread_iv"), "View", (idx,), (axis,), "i64", axis))
+    rem = imp.add(
+        Node(imp.fresh("spread_r"), "Remainder", (idx, imp.scalar(step, "i64")), (), "i64", axis)
+    )
+    tests = [("Eq", rem, 0)]
+    if lo > 0:
+        tests.append(("Ge", idx, 0))
+    if lo + (m - 1) * step + 1 < n:
+        tests.append(("Lt", idx, (m - 1) * step + 1))
+    for k, (op, v, bound) in enumerate(tests):
+        inside = imp.add(
+            Node(imp.fresh("spread_in"), op, (v, imp.scalar(bound, "i64")), (), "bool", axis)
+        )
+        last = k == len(tests) - 1
+        name = node.name if last else imp.fresh("spread_sel")
+        x = imp.add(
+            Node(name, "Where", (inside, x, base), (), dtype, shape), name if last else None
+        )
+    return x
 
 
 def _h_select(imp: Importer, node: torch.fx.Node):

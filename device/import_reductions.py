@@ -52,17 +52,21 @@ def _h_reduce(row_name: str):
     return h
 
 
-def _h_sum_all(imp: Importer, node: torch.fx.Node):
-    if node.kwargs.get("dtype") is not None:
-        return None
-    xn = imp.g.nodes[imp.env[node.args[0].name]]
-    if not xn.shape:
-        return None
-    dtype, shape = tensor_type(node)
-    return imp.add(
-        Node(node.name, "Sum", (xn.name,), (tuple(range(len(xn.shape))), 0), dtype, shape),
-        node.name,
-    )
+def _h_reduce_all(row_name: str):
+    """sum(x) and mean(x) over every axis (a loss's ``.mean()``, ``.sum()``): one
+    reduction over all of x's axes to a scalar."""
+
+    def h(imp: Importer, node: torch.fx.Node):
+        if node.kwargs.get("dtype") is not None:
+            return None
+        xn = imp.g.nodes[imp.env[node.args[0].name]]
+        if not xn.shape:
+            return None
+        dtype, shape = tensor_type(node)
+        axes = (tuple(range(len(xn.shape))), 0)
+        return imp.add(Node(node.name, row_name, (xn.name,), axes, dtype, shape), node.name)
+
+    return h
 
 
 def _h_var(imp: Importer, node: torch.fx.Node):
@@ -398,8 +402,9 @@ handles(
         "aten.any.dim": _h_any,
         "aten.any.dims": _h_any,
         "aten.sum.dim_IntList": _h_reduce("Sum"),
-        "aten.sum.default": _h_sum_all,
+        "aten.sum.default": _h_reduce_all("Sum"),
         "aten.mean.dim": _h_reduce("Mean"),
+        "aten.mean.default": _h_reduce_all("Mean"),
         "aten.amax.default": _h_reduce("Amax"),
         "aten.argmax.default": _h_argext("max"),
         "aten.argmin.default": _h_argext("min"),

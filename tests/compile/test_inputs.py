@@ -23,6 +23,18 @@ def test_integer_reductions_widen():
     assert out[0].dtype == torch.int64 and out[2].dtype == torch.int64
 
 
+def test_a_mean_over_every_axis_is_a_device_reduction():
+    """``x.mean()`` (aten.mean.default, a loss's last op) reduces every axis on the
+    device, as ``x.sum()`` does; NaN propagates."""
+    x = torch.randn(4, 6, 5)
+    out = compile_and_compare(lambda x: (x * 2).mean(), x)
+    assert out.shape == () and out.dtype == torch.float32
+    prog = last_compiled().compiled.program
+    assert prog.count("host") == 0, prog.to_text()
+    x[1, 2, 3] = float("nan")
+    assert torch.isnan(compile_and_compare(lambda x: x.mean() + 1, x).cpu())
+
+
 def test_nan_inf_and_negative_zero():
     x = torch.tensor([[float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1.5, -2.0]])
     y = torch.tensor([[1.0, -1.0, 2.0, 0.0, -0.0, float("nan"), 3.0]])

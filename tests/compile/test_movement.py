@@ -477,6 +477,13 @@ PAD_CASES = {
     "float, two axes": (lambda x: torch.nn.functional.pad(x, (1, 2, 0, 3), value=-1.5) + 1, False),
     "zeros, last axis": (lambda x: torch.nn.functional.pad(x, (1, 1)), False),
     "integers": (lambda x: torch.nn.functional.pad(x, (2, 0, 1, 1), value=7), True),
+    # negative amounts crop (F.pad's backward): slices, then the pad where some grow
+    "crop and pad": (lambda x: torch.nn.functional.pad(x, (-1, 2, 1, -2), value=3.0) * 1, False),
+}
+
+CROPS = {
+    "crop only": lambda x: torch.nn.functional.pad(x, (-1, -2)),
+    "crop two axes": lambda x: torch.nn.functional.pad(x, (0, -1, -2, 0)) + 1,
 }
 
 
@@ -489,15 +496,15 @@ def test_constant_pads_are_device_kernels(case):
     assert host_ops(prog) == [] and "pad" in [k.kind for k in prog.kernels], prog.to_text()
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        lambda x: torch.nn.functional.pad(x, (-1, 1)),  # a crop
-        lambda x: torch.nn.functional.pad(x.to(torch.int32), (1, 1), value=2.5),  # not exact
-    ],
-    ids=["negative", "inexact value"],
-)
-def test_pads_that_crop_or_convert_stay_the_op(fn):
+@pytest.mark.parametrize("case", sorted(CROPS))
+def test_pads_that_only_crop_are_views(case):
+    compile_and_compare(CROPS[case], special_image())
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and "pad" not in [k.kind for k in prog.kernels], prog.to_text()
+
+
+def test_a_pad_that_converts_its_value_stays_the_op():
+    fn = lambda x: torch.nn.functional.pad(x.to(torch.int32), (1, 1), value=2.5)  # noqa: E731
     compile_and_compare(fn, special_image().nan_to_num())
     assert "aten.constant_pad_nd.default" in host_ops(last_compiled().compiled.program)
 

@@ -202,6 +202,49 @@ def test_gpt_style_model_gradients_match_eager(dev):
     assert len(adds) == 3 and [k.dtype for k in adds].count("i32") == 1, backward.to_text()
 
 
+class PatchMerge(torch.nn.Module):
+    """torchvision Swin's patch merging: H and W padded to even, the four 2 x 2 phases
+    (strided slices) joined on channels, a layer norm and a linear."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4 * c)
+        self.lin = torch.nn.Linear(4 * c, 2 * c, bias=False)
+
+    def forward(self, x):
+        h, w = x.shape[-3:-1]
+        x = torch.nn.functional.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        phases = [x[..., i::2, j::2, :] for j in (0, 1) for i in (0, 1)]
+        return self.lin(self.norm(torch.cat(phases, -1))).square().mean()
+
+
+def test_patch_merging_gradients_match_eager(dev):
+    """The backward of a pad (a crop: constant_pad_nd with negative amounts) and of
+    strided slices (slice_scatter with a step of 2) run as device work, not PyTorch's ops:
+    the input's and the parameters' gradients as eager's on the CPU, no host step."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ref = PatchMerge(8)
+    model = PatchMerge(8).to(dev)
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 7, 7, 8)
+    mine = x.to(dev).requires_grad_()
+    theirs = x.clone().requires_grad_()
+    before = backend.CACHE.compiles
+    loss = torch.compile(model, backend="saturn", dynamic=False)(mine)
+    loss.backward()
+    want = ref(theirs)
+    want.backward()
+    torch.testing.assert_close(loss.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mine.grad.cpu(), theirs.grad, rtol=1e-4, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert backend.CACHE.compiles - before == 2
+    for g in list(backend.CACHE.items.values())[-2:]:
+        prog = g.compiled.program
+        assert prog.count("host") == 0, [s.op for s in prog.steps if s.kind == "host"]
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "sgd-foreach", "adamw-foreach"])
 def test_compiled_optimizer_step_matches_eager(kind):
     """opt.step compiled by saturn (saturn:0): SGD with momentum (p.add_(buf, alpha=-lr))
