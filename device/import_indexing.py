@@ -11,7 +11,8 @@ import torch
 import torch.fx
 
 from saturn.eqsat import optable as ot
-from saturn.eqsat.graph import Node, bits_float
+from saturn.eqsat.graph import Node, bits_float, float_bits
+from saturn.eqsat.program import packed_strides
 from saturn.eqsat.types import broadcast
 
 from .import_core import Importer, handles, tensor_type
@@ -320,6 +321,54 @@ def _h_index_put(imp: Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "View", (t,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 
+def _h_as_strided_scatter(imp: Importer, node: torch.fx.Node):
+    """as_strided_scatter(base, src, size, stride, offset) where size and stride lay src out
+    packed (its elements in order) from ``offset`` of a packed base: the backward of an
+    ``as_strided`` that only re-describes (Swin's flatten). src viewed as base's shape where
+    it covers base whole; otherwise base's flat elements [offset, offset + numel) replaced
+    (a flat pad of src, selected by position). Moves bits: exact for every value. Any
+    other layout (overlapping, reordered) stays PyTorch's op."""
+    base, src, size, stride = node.args[:4]
+    offset = node.args[4] if len(node.args) > 4 else node.kwargs.get("storage_offset")
+    offset = 0 if offset is None else offset
+    bval, sval = (b.meta.get("val") if isinstance(b, torch.fx.Node) else None for b in (base, src))
+    if not isinstance(bval, torch.Tensor) or not isinstance(sval, torch.Tensor):
+        return None
+    ints = (*size, *stride, offset, *bval.shape, *sval.shape)
+    if not all(type(v) is int for v in ints) or not bval.is_contiguous():
+        return None
+    size = tuple(size)
+    packed = [(n, st) for n, st in zip(size, stride, strict=True) if n != 1]
+    if tuple(sval.shape) != size or packed != [
+        (n, st) for n, st in zip(size, packed_strides(size), strict=True) if n != 1
+    ]:
+        return None
+    dtype, shape = tensor_type(node)
+    n, k = math.prod(shape), math.prod(size)
+    if offset < 0 or offset + k > n or sval.dtype != bval.dtype:
+        return None
+    sn, bn = imp.env[src.name], imp.env[base.name]
+    flat = imp.add(Node(imp.fresh("strided_src"), "View", (sn,), ((k,),), dtype, (k,)))
+    if k == n:
+        return imp.add(Node(node.name, "View", (flat,), (shape,), dtype, shape), node.name)
+    pads = ((offset, n - offset - k), float_bits(0.0))
+    padded = imp.add(Node(imp.fresh("strided_pad"), "Pad", (flat,), pads, dtype, (n,)))
+    idx = imp.add(Node(imp.fresh("strided_i"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
+    out, flat_base = (
+        padded,
+        imp.add(Node(imp.fresh("strided_b"), "View", (bn,), ((n,),), dtype, (n,))),
+    )
+    for op, bound, edge in (("Lt", offset + k, n), ("Ge", offset, 0)):
+        if bound != edge:
+            inside = imp.add(
+                Node(imp.fresh("strided_in"), op, (idx, imp.scalar(bound, "i64")), (), "bool", (n,))
+            )
+            out = imp.add(
+                Node(imp.fresh("strided_sel"), "Where", (inside, out, flat_base), (), dtype, (n,))
+            )
+    return imp.add(Node(node.name, "View", (out,), (shape,), dtype, shape), node.name)
+
+
 handles(
     {
         "aten._unsafe_index.Tensor": _h_index_repeat,
@@ -327,5 +376,6 @@ handles(
         "aten.embedding.default": _h_embedding,
         "aten.index_select.default": _h_index_select,
         "aten.index_put.default": _h_index_put,
+        "aten.as_strided_scatter.default": _h_as_strided_scatter,
     }
 )

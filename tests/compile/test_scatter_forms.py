@@ -113,3 +113,46 @@ def test_slice_scatter_runs_on_the_device(dev, name):
     assert prog.count("host") == 0, prog.to_text()
     ptr = got.untyped_storage().data_ptr()
     assert all(ptr != x.untyped_storage().data_ptr() for x in mine if x.numel())
+
+
+STRIDED_SCATTERS = {
+    # the backward of a flatten written as as_strided (Swin's): src covers base whole
+    "whole": (lambda b, s: torch.as_strided_scatter(b, s, (2, 12), (12, 1), 0) + 1, (24,), (2, 12)),
+    # a packed range from an offset, extents of 1 among them, special values carried
+    "range": (
+        lambda b, s: torch.as_strided_scatter(b, s, (3, 1, 4), (4, 4, 1), 10) * 1,
+        (4, 6),
+        (3, 1, 4),
+    ),
+    "to-the-end": (
+        lambda b, s: torch.as_strided_scatter(b, s, (2, 5), (5, 1), 14) + 0,
+        (24,),
+        (2, 5),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRIDED_SCATTERS))
+def test_packed_as_strided_scatters_run_on_the_device(dev, name):
+    fn, base, src = STRIDED_SCATTERS[name]
+    torch.manual_seed(0)
+    s = torch.randn(src)
+    s.view(-1)[:3] = torch.tensor([float("nan"), -0.0, float("inf")])
+    xs = [torch.randn(base), s]
+    got, _ = _run(fn, xs, dev)
+    assert torch.equal(_bits(got.cpu()), _bits(fn(*xs)))
+    prog = last_compiled().compiled.program
+    assert prog.count("host") == 0, prog.to_text()
+
+
+def test_a_reordered_as_strided_scatter_stays_pytorchs_op():
+    def fn(b, s):
+        return torch.as_strided_scatter(b, s, (2, 5), (1, 2), 3) + 1
+
+    xs = [torch.randn(24), torch.randn(2, 5)]
+    got, _ = _run(fn, xs, "saturn:0")
+    assert torch.equal(_bits(got.cpu()), _bits(fn(*xs)))
+    prog = last_compiled().compiled.program
+    assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == [
+        "aten.as_strided_scatter.default"
+    ], prog.to_text()
