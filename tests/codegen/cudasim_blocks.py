@@ -87,3 +87,36 @@ def install() -> None:
     sim.BlockThread.syncthreads = syncthreads
     sim.BlockThread.run = run_thread
     sim.BlockManager.run = run_block
+    _install_shared_arrays()
+
+
+def _install_shared_arrays() -> None:
+    """``cuda.shared.array`` under the simulator finds a block's array by the calling line
+    (a traceback, slow) and creates it if missing, without a lock: two threads switched
+    between the lookup and the store each get an array of their own, and a block reduction
+    then reads partials another thread never wrote (seen once on a loaded machine). Here
+    the lookup and the creation are one step under a lock; the key is the simulator's
+    (file and line of the caller)."""
+    import sys
+
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi
+
+    lock = threading.Lock()
+    dynamic = kernelapi.FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # dynamic shared memory: one buffer
+            return dynamic(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            found = self._allocations.get(caller)
+            if found is None:
+                found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+
+    kernelapi.FakeCUDAShared.array = array
