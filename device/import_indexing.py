@@ -321,6 +321,35 @@ def _h_index_put(imp: Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "View", (t,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 
+def select_by_position(
+    imp: Importer,
+    x: str,
+    base: str,
+    positions: str,
+    tests: list[tuple[str, str, int]],
+    dtype: str,
+    shape: tuple[int, ...],
+    name: str | None = None,
+) -> str:
+    """x where every test ``(op, value, bound)`` holds of ``op(value, bound)`` (``value`` an
+    integer node broadcast against x, usually ``positions``, an arange of the positions
+    along one axis), base elsewhere: a chain of Wheres, the last one named ``name``. What
+    slice assignments (strided too) and ``as_strided_scatter`` are once src is padded to
+    base's shape: selects, exact for every value."""
+    axis = imp.g.nodes[positions].shape
+    out = x
+    for k, (op, value, bound) in enumerate(tests):
+        inside = imp.add(
+            Node(imp.fresh("pos_in"), op, (value, imp.scalar(bound, "i64")), (), "bool", axis)
+        )
+        last = k == len(tests) - 1
+        node = name if last and name else imp.fresh("pos_sel")
+        out = imp.add(
+            Node(node, "Where", (inside, out, base), (), dtype, shape), name if last else None
+        )
+    return out
+
+
 def _h_as_strided_scatter(imp: Importer, node: torch.fx.Node):
     """as_strided_scatter(base, src, size, stride, offset) where size and stride lay src out
     packed (its elements in order) from ``offset`` of a packed base: the backward of an
@@ -354,18 +383,10 @@ def _h_as_strided_scatter(imp: Importer, node: torch.fx.Node):
     pads = ((offset, n - offset - k), float_bits(0.0))
     padded = imp.add(Node(imp.fresh("strided_pad"), "Pad", (flat,), pads, dtype, (n,)))
     idx = imp.add(Node(imp.fresh("strided_i"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
-    out, flat_base = (
-        padded,
-        imp.add(Node(imp.fresh("strided_b"), "View", (bn,), ((n,),), dtype, (n,))),
-    )
-    for op, bound, edge in (("Lt", offset + k, n), ("Ge", offset, 0)):
-        if bound != edge:
-            inside = imp.add(
-                Node(imp.fresh("strided_in"), op, (idx, imp.scalar(bound, "i64")), (), "bool", (n,))
-            )
-            out = imp.add(
-                Node(imp.fresh("strided_sel"), "Where", (inside, out, flat_base), (), dtype, (n,))
-            )
+    flat_base = imp.add(Node(imp.fresh("strided_b"), "View", (bn,), ((n,),), dtype, (n,)))
+    tests = [("Lt", idx, offset + k)] if offset + k != n else []
+    tests += [("Ge", idx, offset)] if offset else []
+    out = select_by_position(imp, padded, flat_base, idx, tests, dtype, (n,))
     return imp.add(Node(node.name, "View", (out,), (shape,), dtype, shape), node.name)
 
 

@@ -26,7 +26,7 @@ from .import_core import (
     is_symbolic,
     tensor_type,
 )
-from .import_indexing import take_rows
+from .import_indexing import select_by_position, take_rows
 
 
 def _h_shape_view(imp: Importer, node: torch.fx.Node):
@@ -454,19 +454,9 @@ def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
     axis = tuple(n if d == dim else 1 for d in range(rank))
     idx = imp.add(Node(imp.fresh("scatter_i"), "Arange", (), (0, 1, n, "i64"), "i64", (n,)))
     idx = imp.add(Node(imp.fresh("scatter_iv"), "View", (idx,), (axis,), "i64", axis))
-    out = padded
-    for op, bound, edge in (("Lt", hi, n), ("Ge", lo, 0)):
-        if bound == edge:  # the slice reaches this end: no test
-            continue
-        inside = imp.add(
-            Node(imp.fresh("scatter_in"), op, (idx, imp.scalar(bound, "i64")), (), "bool", axis)
-        )
-        last = op == "Ge" or lo == 0
-        name = node.name if last else imp.fresh("scatter_sel")
-        out = imp.add(
-            Node(name, "Where", (inside, out, bn.name), (), dtype, shape), name if last else None
-        )
-    return out
+    tests = [("Lt", idx, hi)] if hi != n else []
+    tests += [("Ge", idx, lo)] if lo != 0 else []
+    return select_by_position(imp, padded, bn.name, idx, tests, dtype, shape, node.name)
 
 
 def _strided_slice_scatter(
@@ -504,16 +494,7 @@ def _strided_slice_scatter(
         tests.append(("Ge", idx, 0))
     if lo + (m - 1) * step + 1 < n:
         tests.append(("Lt", idx, (m - 1) * step + 1))
-    for k, (op, v, bound) in enumerate(tests):
-        inside = imp.add(
-            Node(imp.fresh("spread_in"), op, (v, imp.scalar(bound, "i64")), (), "bool", axis)
-        )
-        last = k == len(tests) - 1
-        name = node.name if last else imp.fresh("spread_sel")
-        x = imp.add(
-            Node(name, "Where", (inside, x, base), (), dtype, shape), name if last else None
-        )
-    return x
+    return select_by_position(imp, x, base, idx, tests, dtype, shape, node.name)
 
 
 def _h_select(imp: Importer, node: torch.fx.Node):

@@ -23,9 +23,8 @@ from .costs import Machine
 from .egraph import EGraphView, ENode
 from .errors import ValidationError
 from .graph import Graph
-from .kinds import TERMS, nbytes
+from .kinds import TERMS, Type, nbytes
 
-Type = tuple[str, tuple[int, ...]]  # (dtype, shape)
 KERNELS = tuple(TERMS)  # the kernels' e-graph terms (kinds/)
 MOVEMENT = ("View", "Permute", "Expand", "Slice")
 HOST, DEVICE = "host", "device"

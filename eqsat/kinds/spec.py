@@ -115,8 +115,5 @@ class KindTable[F: Callable]:
             raise NotImplementedError(f"{self.what} cannot run a {kind} kernel")
         return fn
 
-    def __contains__(self, kind: str) -> bool:
-        return kind in self._by_kind
-
     def covers(self) -> set[str]:
         return set(self._by_kind)

@@ -115,6 +115,27 @@ def test_slice_scatter_runs_on_the_device(dev, name):
     assert all(ptr != x.untyped_storage().data_ptr() for x in mine if x.numel())
 
 
+def test_a_slice_scatter_of_a_symbolic_extent_stays_pytorchs_op():
+    """The handler declines sizes it cannot see (each call's extent): PyTorch's op runs,
+    for every length, equal to eager."""
+    from saturn import backend
+
+    def fn(b, s):
+        return torch.slice_scatter(b, s, 1, 0, None, 2) + 1
+
+    torch._dynamo.reset()
+    g = torch.compile(fn, backend="saturn", options={"device": "saturn:0"}, dynamic=True)
+    before = len(backend.CACHE.fallbacks)
+    for n in (6, 8):
+        b, s = torch.randn(3, n), torch.randn(3, n // 2)
+        assert torch.equal(g(b.to("saturn:0"), s.to("saturn:0")).cpu(), fn(b, s))
+    assert backend.CACHE.fallbacks[before:] == []
+    prog = last_compiled().compiled.program
+    assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == [
+        "aten.slice_scatter.default"
+    ], prog.to_text()
+
+
 STRIDED_SCATTERS = {
     # the backward of a flatten written as as_strided (Swin's): src covers base whole
     "whole": (lambda b, s: torch.as_strided_scatter(b, s, (2, 12), (12, 1), 0) + 1, (24,), (2, 12)),

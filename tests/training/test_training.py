@@ -168,6 +168,14 @@ class TinyGPT(torch.nn.Module):
         return f.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def _assert_two_graphs_without_host_steps(before: int) -> None:
+    """The forward and the backward compiled since ``before``, neither with a host step."""
+    assert backend.CACHE.compiles - before == 2
+    for g in list(backend.CACHE.items.values())[-2:]:
+        prog = g.compiled.program
+        assert prog.count("host") == 0, [s.op for s in prog.steps if s.kind == "host"]
+
+
 def test_gpt_style_model_gradients_match_eager(dev):
     """Loss and every gradient as eager's on the CPU. The split of q/k/v, the causal mask's
     boolean full and logical_and, the position arange, the embeddings (takes) and their
@@ -188,10 +196,7 @@ def test_gpt_style_model_gradients_match_eager(dev):
     torch.testing.assert_close(loss.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-6)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert backend.CACHE.compiles - before == 2
-    for g in list(backend.CACHE.items.values())[-2:]:
-        prog = g.compiled.program
-        assert prog.count("host") == 0, [s.op for s in prog.steps if s.kind == "host"]
+    _assert_two_graphs_without_host_steps(before)
     forward, backward = (c.compiled.program for c in list(backend.CACHE.items.values())[-2:])
     # the forward takes the targets' log-probabilities: elements of the 32 x 50 table
     picks = [k for k in forward.kernels if k.kind == "gather" and k.inputs[0].shape[1] == 1]
@@ -239,10 +244,7 @@ def test_patch_merging_gradients_match_eager(dev):
     torch.testing.assert_close(mine.grad.cpu(), theirs.grad, rtol=1e-4, atol=1e-6)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert backend.CACHE.compiles - before == 2
-    for g in list(backend.CACHE.items.values())[-2:]:
-        prog = g.compiled.program
-        assert prog.count("host") == 0, [s.op for s in prog.steps if s.kind == "host"]
+    _assert_two_graphs_without_host_steps(before)
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "sgd-foreach", "adamw-foreach"])
