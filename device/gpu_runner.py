@@ -172,15 +172,17 @@ class GpuRunner(LibraryPlans, Lending, Replay):
     def _steps(self, prepared: list[torch.Tensor], stats) -> dict:
         env: dict[str, object] = {}
         position = self.r._position
+        # the kinds looked up once a call, not once a step (an enum attribute costs more)
+        input_, const, view, kernel = StepKind.INPUT, StepKind.CONST, StepKind.VIEW, StepKind.KERNEL
         for s in self.r.program.steps:
-            if s.kind == StepKind.INPUT:
+            if s.kind == input_:
                 i = position[s.output]
                 env[s.output] = self.staged.get(i, prepared[i])
-            elif s.kind == StepKind.CONST:
+            elif s.kind == const:
                 env[s.output] = self.consts[s.output]
-            elif s.kind == StepKind.VIEW:
+            elif s.kind == view:
                 env[s.output] = self._view(s, env[s.args[0]])
-            elif s.kind == StepKind.KERNEL:
+            elif s.kind == kernel:
                 stats.launches += 1
                 with step_range(s, self.r._labels):
                     self._kernel(s, env)

@@ -189,10 +189,11 @@ class Recipe:
             outs = self.runner(prepared, stats, args)
             return self._finish(outs, args, prepared, stats)
         position = self._position  # program value of an input -> its position
+        input_, const = StepKind.INPUT, StepKind.CONST  # looked up once a call, not a step
         for s in self.program.steps:
-            if s.kind == StepKind.INPUT:
+            if s.kind == input_:
                 env[s.output] = prepared[position[s.output]]
-            elif s.kind == StepKind.CONST:
+            elif s.kind == const:
                 c = self._consts.get(s.output)
                 if c is None:  # made once, where the program reads it
                     c = const_tensor(s)
