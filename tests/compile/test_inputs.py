@@ -35,6 +35,16 @@ def test_a_mean_over_every_axis_is_a_device_reduction():
     assert torch.isnan(compile_and_compare(lambda x: x.mean() + 1, x).cpu())
 
 
+def test_a_mean_in_another_dtype_stays_pytorchs_op():
+    """``mean(dtype=...)`` accumulates in the dtype asked for: the handler declines it."""
+    x = torch.randn(4, 6)
+    compile_and_compare(lambda x: x.mean(dtype=torch.float64) + 1, x)
+    prog = last_compiled().compiled.program
+    assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == [
+        "aten.mean.default"
+    ], prog.to_text()
+
+
 def test_nan_inf_and_negative_zero():
     x = torch.tensor([[float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1.5, -2.0]])
     y = torch.tensor([[1.0, -1.0, 2.0, 0.0, -0.0, float("nan"), 3.0]])
