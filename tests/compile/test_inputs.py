@@ -40,9 +40,9 @@ def test_a_mean_in_another_dtype_stays_pytorchs_op():
     x = torch.randn(4, 6)
     compile_and_compare(lambda x: x.mean(dtype=torch.float64) + 1, x)
     prog = last_compiled().compiled.program
-    assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == [
-        "aten.mean.default"
-    ], prog.to_text()
+    assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == ["aten.mean.default"], (
+        prog.to_text()
+    )
 
 
 def test_nan_inf_and_negative_zero():
