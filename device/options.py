@@ -21,7 +21,7 @@ class Options:
     rules: tuple[str, ...] = ()  # extra .egg files or folders
     rewrites: tuple[str, ...] = ()  # opt-in rulesets, e.g. ("patterns",)
     iterations: int = Bounds.iterations
-    max_enodes: int = Bounds.max_enodes
+    max_enodes: int | None = Bounds.max_enodes  # None: scaled with the graph (Bounds)
     seconds: float = Bounds.seconds
     replay: bool = True  # CUDA-graph replay of static graphs on a GPU
     tf32: bool = False  # float32 GEMMs and convolutions may round inputs to TF32

@@ -178,7 +178,12 @@ def parser() -> argparse.ArgumentParser:
         help="where inputs arrive and outputs leave (device: as in a compiled call)",
     )
     ap.add_argument("--iterations", type=int, default=Bounds.iterations)
-    ap.add_argument("--max-enodes", type=int, default=Bounds.max_enodes)
+    ap.add_argument(
+        "--max-enodes",
+        type=int,
+        default=Bounds.max_enodes,
+        help="e-node bound (default: 50,000 or 25 per graph op, whichever is more)",
+    )
     ap.add_argument("--seconds", type=float, default=Bounds.seconds)
     return ap
 

@@ -33,6 +33,8 @@ LARGE_RUN = 0.05  # share of the time bound past which a run's estimate gets LAR
 LARGE_MARGIN = 3.0
 RUN_OVERHEAD = 0.002  # s of a run that does not grow with the e-graph (scheduling, rebuild)
 CHECKPOINT_ENODES = 4  # checkpoints hold at most this many times max_enodes e-nodes
+MIN_ENODES = 50_000  # the default size bound's floor
+ENODES_PER_OP = 25  # and its share per graph op (real models saturate at 5-10 per op)
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,30 @@ class Bounds:
     bound (judged from the ruleset's runs so far and how much the e-graph grew since) is
     not started, so each bound holds whatever the rules do. A run cannot be interrupted:
     the time bound is overshot by at most the run that crosses it
-    (``SaturationReport.last_run``)."""
+    (``SaturationReport.last_run``). ``max_enodes`` None (the default) scales with the
+    graph: MIN_ENODES or ENODES_PER_OP per op, whichever is more, so a model ten times
+    deeper saturates as fully while a rule set that multiplies e-nodes still stops."""
 
     iterations: int = 12
-    max_enodes: int = 50_000
+    max_enodes: int | None = None
     seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("iterations", "max_enodes"):
             v = getattr(self, name)
+            if name == "max_enodes" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise EqsatError(f"{name} must be a whole number >= 1, got {v!r}")
         v = self.seconds
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise EqsatError(f"seconds must be a finite number > 0, got {v!r}")
+
+    def size_bound(self, ops: int) -> int:
+        """The e-node bound for a graph of ``ops`` operations."""
+        if self.max_enodes is not None:
+            return self.max_enodes
+        return max(MIN_ENODES, ENODES_PER_OP * ops)
 
 
 @dataclass
@@ -193,6 +205,7 @@ class Saturation:
         half types, ``schema.half_facts``), asserted before the graph."""
         self.graph = graph
         self.bounds = bounds or Bounds()
+        self.max_enodes = self.bounds.size_bound(len(graph.nodes))
         self.egraph = eb.EGraph()
         self.ruleset = RuleSet(rule_files(rules))
         self.ruleset.load_into(self.egraph)
@@ -215,7 +228,7 @@ class Saturation:
         # bound (associativity, commutativity) then grow it a step at a time, and no run
         # is long or large enough to carry a bound far past its value. The limit scales
         # with the graph, so rules matching each node a few times are never held back.
-        limit = min(max(MATCH_LIMIT, 4 * self.enodes()), max(1, self.bounds.max_enodes // 10))
+        limit = min(max(MATCH_LIMIT, 4 * self.enodes()), max(1, self.max_enodes // 10))
         self._run(f"(let-scheduler {_SCHED} (back-off :match-limit {limit}))", "<schedule>")
         self._runs = {
             r: self.egraph.parse_program(f"(run-schedule (run-with {_SCHED} {r}))", "<schedule>")
@@ -286,8 +299,8 @@ class Saturation:
         if time.perf_counter() > self._deadline:
             return f"time bound ({self.bounds.seconds} s)"
         self._size = self.enodes()
-        if self._size > self.bounds.max_enodes:
-            return f"size bound ({self.bounds.max_enodes} e-nodes)"
+        if self._size > self.max_enodes:
+            return f"size bound ({self.max_enodes} e-nodes)"
         return ""
 
     def _would_overrun(self, name: str) -> str:
@@ -367,9 +380,9 @@ class Saturation:
         if self._pass_checkpoint:
             return
         size = self.enodes()
-        if 2 * size < self.bounds.max_enodes:
+        if 2 * size < self.max_enodes:
             return
-        if self._kept + size > CHECKPOINT_ENODES * self.bounds.max_enodes:
+        if self._kept + size > CHECKPOINT_ENODES * self.max_enodes:
             return
         self._run("(push)", "<checkpoint>")
         self._kept += size

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -203,31 +204,37 @@ class Choice:
     """The chosen e-node of a class and what the sub-program under it costs.
 
     Tensor classes are shared across the program and paid once: ``uses`` marks every class
-    of the sub-program (a boolean vector over class indices). Loop bodies (Expr classes)
-    belong to the kernel that evaluates them: their arithmetic is ``tree``, paid again by
-    every kernel that inlines the same body; their bits in ``uses`` only serve cycle checks.
+    of the sub-program (a bitset over class indices: bit i is class ``ids[i]``). Loop bodies
+    (Expr classes) belong to the kernel that evaluates them: their arithmetic is ``tree``,
+    paid again by every kernel that inlines the same body; their bits in ``uses`` only serve
+    cycle checks. ``shared`` is what the Tensor classes of ``uses`` own, summed.
     """
 
     enode: ENode
     own: float  # Tensor classes: this e-node's cost (a kernel's includes its body's tree)
-    uses: np.ndarray
+    uses: int
     total: float  # own + every other Tensor class used, once; Expr classes: tree + uses
     tree: float = 0.0
     expr: bool = False  # a loop-body choice (its cost is inside its kernel's)
+    shared: float = 0.0
 
 
 class _Extractor:
-    """Worklist greedy DAG extraction over class indices, with numpy masks for the sets."""
+    """Worklist greedy DAG extraction over class indices, with bitsets for the sets."""
 
     def __init__(self, view: EGraphView, model: CostModel):
         self.view, self.model = view, model
         self.ids = list(view.classes)
+        # bit i of a choice's ``uses`` is class ids[i]: classes bottom-up, so a choice's
+        # bits lie below its own and its bitset is as short as it can be
+        h = self._heights = self.heights()
+        self.ids.sort(key=lambda c: (h.get(c, math.inf), c))
         self.index = {c: i for i, c in enumerate(self.ids)}
         self.is_expr = {c: view.sort[c] == "Expr" for c in self.ids}
         self.own_vec = np.zeros(len(self.ids))  # current own cost of each Tensor class
+        self.own_list = [0.0] * len(self.ids)  # the same, for summing a few classes
         self.parents: dict[int, set[int]] = {c: set() for c in self.ids}
         self.enode_cost: dict[tuple[int, int], float] = {}
-        self._heights: dict[int, float] | None = None
         for c, enodes in view.classes.items():
             for i, en in enumerate(enodes):
                 for k in en.kids:
@@ -235,27 +242,41 @@ class _Extractor:
                 self.enode_cost[(c, i)] = model.cost(c, en, view)
 
     def consider(self, cid: int, i: int, en: ENode, best: dict[int, Choice]) -> Choice | None:
-        n = len(self.ids)
-        uses = np.zeros(n, dtype=bool)
-        tree = 0.0
+        uses, base, tree = 0, None, 0.0
         for k in en.kids:
             kc = best[k]
             uses |= kc.uses
+            if base is None or kc.shared > base.shared:
+                base = kc  # the costliest kid: the most classes, as a rule
             if self.is_expr[k]:
                 tree += kc.tree
         me = self.index[cid]
-        if uses[me]:
+        if uses >> me & 1:
             return None  # would read itself: a cycle
+        # the classes used, once each: the largest kid's sum, plus what the others add
+        shared = 0.0 if base is None else base.shared + self._sum(uses ^ base.uses)
         own = self.enode_cost[(cid, i)]
+        uses |= 1 << me
         if self.is_expr[cid]:
-            shared = float(self.own_vec[uses].sum())
-            uses[me] = True
-            return Choice(en, own, uses, tree + own + shared, tree + own, expr=True)
+            return Choice(en, own, uses, tree + own + shared, tree + own, True, shared)
         if en.op in ("Loop", "Reduce"):
             own += tree  # the kernel evaluates its body once per element
-        shared = float(self.own_vec[uses].sum())
-        uses[me] = True
-        return Choice(en, own, uses, own + shared)
+        return Choice(en, own, uses, own + shared, shared=shared + own)
+
+    def _sum(self, bits: int) -> float:
+        """What the Tensor classes of a bitset own (Expr classes own nothing here)."""
+        if not bits:
+            return 0.0
+        if bits.bit_count() > 64:  # many classes: one vector sum
+            raw = np.frombuffer(bits.to_bytes((bits.bit_length() + 7) // 8, "little"), np.uint8)
+            mask = np.unpackbits(raw, bitorder="little")[: len(self.own_vec)].astype(bool)
+            return float(self.own_vec[: len(mask)][mask].sum())
+        own, total = self.own_list, 0.0
+        while bits:
+            low = bits & -bits
+            total += own[low.bit_length() - 1]
+            bits ^= low
+        return total
 
     def best_of(self, cid: int, best: dict[int, Choice], forced: dict[int, str]) -> Choice | None:
         found = None
@@ -302,6 +323,8 @@ class _Extractor:
         classes: list[int],
         forced: dict[int, str],
         max_visits: int = 64,
+        log: dict[int, tuple[Choice | None, float]] | None = None,
+        start: Iterable[int] | None = None,
     ) -> dict[int, Choice]:
         """Re-choose ``classes`` bottom-up until nothing changes: one pass over all of them,
         then a worklist of the parents of every class whose choice changed, lowest first.
@@ -309,14 +332,16 @@ class _Extractor:
         to a class already passed), so full passes stopped after a fixed count could leave
         a class on a stale, far costlier choice; the worklist follows changes only where
         they go. ``max_visits`` bounds the visits per class (greedy choices over cycles
-        could in principle keep trading places)."""
-        if self._heights is None:
-            self._heights = self.heights()
+        could in principle keep trading places). ``log`` receives each changed class's
+        choice and own cost from before the first change (what undoes the run). ``start``:
+        the classes to visit first, where not all of ``classes`` (the parents of choices
+        changed since the last run: the others' choices would come out the same)."""
         h = self._heights
         key = {c: (h.get(c, math.inf), c) for c in classes}
         allowed = set(classes)
-        heap = sorted(key[c] for c in classes)
-        queued = set(classes)
+        queued = allowed if start is None else {c for c in start if c in allowed}
+        heap = sorted(key[c] for c in queued)
+        queued = set(queued)
         visits: dict[int, int] = {}
         while heap:
             _, cid = heapq.heappop(heap)
@@ -329,22 +354,30 @@ class _Extractor:
             if new is None:
                 if old is None:
                     continue
-                del best[cid]
             elif (
                 old is not None
                 and new.enode == old.enode
                 and abs(new.total - old.total) <= 1e-9 * max(1.0, abs(old.total))
             ):
                 continue
+            if log is not None and cid not in log:
+                log[cid] = (old, self.own_list[self.index[cid]])
+            if new is None:
+                del best[cid]
             else:
                 best[cid] = new
                 if not self.is_expr[cid]:
-                    self.own_vec[self.index[cid]] = new.own
+                    self.set_own(cid, new.own)
             for p in self.parents[cid]:
                 if p in allowed and p not in queued:
                     queued.add(p)
                     heapq.heappush(heap, key[p])
         return best
+
+    def set_own(self, cid: int, own: float) -> None:
+        i = self.index[cid]
+        self.own_vec[i] = own
+        self.own_list[i] = own
 
     def readers(self, group: list[int], best: dict[int, Choice]) -> list[int]:
         """The classes of ``group`` and the loop bodies whose chosen e-nodes read them, up
@@ -395,155 +428,6 @@ def _check_roots(best: dict[int, Choice], roots: list[int]) -> None:
     for r in roots:
         if r not in best:
             raise ValidationError(f"extraction found no acyclic program for output class {r}")
-
-
-def _references(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> dict[int, int]:
-    """How many chosen e-nodes of the program read each class."""
-    refs: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        c = stack.pop()
-        if c in seen:
-            continue
-        seen.add(c)
-        for k in best[c].enode.kids:
-            refs[k] = refs.get(k, 0) + 1
-            stack.append(k)
-    return refs
-
-
-def extract_shared(
-    view: EGraphView, model: CostModel, roots: list[int], max_tries: int = 64
-) -> dict[int, Choice]:
-    """Greedy extraction, then shared loop bodies recomputed by several readers (Inline)
-    tried materialised once (Ld), kept where the program gets cheaper (each reader alone
-    cannot see it); only bodies whose repeated arithmetic could pay for a launch are tried
-    (decision 0079: grouped across layers, re-choosing only what a trial changes)."""
-    ex = _Extractor(view, model)
-    forced: dict[int, str] = {}
-    best = ex.run({}, list(ex.ids), forced)
-    _check_roots(best, roots)
-    cost = program_cost(best, roots)
-    tried: set[int] = set()
-
-    def candidates() -> dict[tuple, list[int]]:
-        """The bodies worth a trial, grouped: the same body at the same place of every
-        repeated layer (equal readers, body cost and type) is one group."""
-        groups: dict[tuple, list[int]] = {}
-        for c, n in _references(view, best, roots).items():
-            if n < 2 or c in tried or best[c].enode.op != "Inline":
-                continue
-            ld = next((en for en in view.classes[c] if en.op == "Ld"), None)
-            t = model.types.get(ld.kids[0]) if ld is not None else None
-            saving = (n - 1) * best[c].tree
-            if t is None or saving <= model.machine.launch_us:
-                continue
-            groups.setdefault((round(saving, 6), n, repr(t)), []).append(c)
-        return groups
-
-    def trial(group: list[int]) -> bool:
-        """Every class of ``group`` materialised; kept if the program gets cheaper. Only
-        the bodies reading the group and the kernels evaluating them are chosen again (a
-        trial's effect on choices further up is settled once, after the last trial):
-        re-extracting every class above, as a deep model's residual stream would make
-        each trial do, is quadratic in depth."""
-        nonlocal forced, best, cost
-        trial_forced = {**forced, **dict.fromkeys(group, "Ld")}
-        own_backup = ex.own_vec.copy()
-        got = ex.run(dict(best), ex.readers(group, best), trial_forced)
-        got_cost = program_cost(got, roots) if all(r in got for r in roots) else math.inf
-        if got_cost < cost - 1e-9:
-            forced, best, cost = trial_forced, got, got_cost
-            return True
-        ex.own_vec = own_backup
-        return False
-
-    changed = False
-    groups: dict[tuple, list[int]] | None = None
-    for _ in range(max_tries):
-        if groups is None:  # a rejected trial changes nothing: its candidates stay valid
-            groups = candidates()
-        if not groups:
-            break
-        group = groups.pop(max(groups, key=lambda k: (k[0], len(groups[k]))))
-        tried.update(group)
-        if trial(group):
-            changed, groups = True, None  # readers and savings changed with the program
-    if changed:  # the choices above the materialised bodies, on their new costs
-        best = ex.run(best, list(ex.ids), forced)
-        _check_roots(best, roots)
-    for _ in range(4):  # a pattern whose inner values escape declines (see _escaping)
-        escaping = _escaping(view, best, roots)
-        if not escaping:
-            break
-        above: set[int] = set()
-        for c in escaping:
-            forced[c] = "!Custom"
-            above.update(ex.ancestors(c))
-        best = ex.run(best, list(above), forced)
-        _check_roots(best, roots)
-    return best
-
-
-def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> list[int]:
-    """Classes whose chosen ``Custom`` kernel came from a pattern over a written-out
-    computation some of whose inner values the program also computes (a training forward
-    returns them for the backward). Such a pattern declines: the kernel would recompute
-    what the program computes anyway. The inner values are found through the class's other
-    e-nodes (the written-out form), down to the kernel's own operands, host or device twin."""
-    used = set(roots) | set(_references(view, best, roots))  # every class the program reads
-    to_dev: dict[int, list[int]] = {}
-    host_of: dict[int, int] = {}
-    for c, enodes in view.classes.items():
-        for en in enodes:
-            if en.op == "ToDev":
-                to_dev.setdefault(en.kids[0], []).append(c)
-            if en.op == "ToHost":
-                host_of[en.kids[0]] = c
-    out = []
-    for c in used:
-        en = best[c].enode
-        if en.op != "Custom":
-            continue
-        stop = {c}
-        lst = en.kids[0]
-        while True:  # the operand list: TCons (ToDev x) rest
-            cons = next((e for e in view.classes[lst] if e.op == "TCons"), None)
-            if cons is None:
-                break
-            head = cons.kids[0]
-            stop.add(head)
-            stop.update(e.kids[0] for e in view.classes[head] if e.op == "ToDev")
-            lst = cons.kids[1]
-        written = [c, host_of.get(c, c)]
-        inner: set[int] = set()
-        frontier = [
-            k
-            for w in written
-            for e in view.classes[w]
-            if e.op not in ("Custom", "ToHost", "ToDev", "Opaque")
-            for k in e.kids
-        ]
-        depth = 0
-        while frontier and depth < 12:
-            nxt = []
-            for k in frontier:
-                if k in stop or k in inner:
-                    continue
-                if view.sort.get(k) != "Tensor":
-                    continue
-                if all(e.op in ot.CONSTANTS for e in view.classes[k]):
-                    continue
-                inner.add(k)
-                for e in view.classes[k]:
-                    if e.op not in ("ToHost", "ToDev"):
-                        nxt.extend(e.kids)
-            frontier, depth = nxt, depth + 1
-        twins = {t for k in inner for t in to_dev.get(k, [])}
-        if (inner | twins) & used:
-            out.append(c)
-    return out
 
 
 def program_cost(best: dict[int, Choice], roots: list[int]) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
-from .extract import CostModel, extract_shared, infer_placement, infer_types, program_cost
+from .extract import CostModel, infer_placement, infer_types, program_cost
 from .graph import Graph
 from .kernel_fusion import (
     fuse_row_takes,
@@ -21,6 +21,7 @@ from .kernel_fusion import (
     reuse_written,
 )
 from .lowering import lower
+from .materialise import extract_shared
 from .ownership import OutputOwnership, output_ownership
 from .program import Program
 from .schema import half_facts

@@ -166,3 +166,26 @@ def test_a_bounded_rule_set_still_saturates(explode):
 def test_bounds_refuse_values_that_bound_nothing(kwargs, message):
     with pytest.raises(EqsatError, match=message):
         Bounds(**kwargs)
+
+
+def _chain(n: int) -> str:
+    lines = ["(input x f32 [4])"]
+    lines += [f"(let v{i} (Exp {'x' if i == 0 else f'v{i - 1}'}))" for i in range(n)]
+    return "\n".join([*lines, f"(output v{n - 1})"]) + "\n"
+
+
+def test_default_size_bound_scales_with_the_graph():
+    """A graph ten times deeper saturates as fully: the default bound is MIN_ENODES or
+    ENODES_PER_OP per op, whichever is more; a bound the user gives is kept as given."""
+    small, large = parse_graph(_chain(10)), parse_graph(_chain(3000))
+    assert Saturation(small).max_enodes == egraph.MIN_ENODES
+    assert Saturation(large).max_enodes == egraph.ENODES_PER_OP * len(large.nodes)
+    assert Saturation(large).max_enodes > egraph.MIN_ENODES
+    assert Saturation(large, bounds=Bounds(max_enodes=5000)).max_enodes == 5000
+    assert Bounds().size_bound(10) == egraph.MIN_ENODES
+
+
+def test_the_default_size_bound_stops_an_exploding_rule_set(explode):
+    sat, _ = saturate(sum_of_products(), [explode], Bounds(10_000, None, HUGE))
+    assert sat.report.stop_reason == f"size bound ({egraph.MIN_ENODES} e-nodes)"
+    assert sat.enodes() <= egraph.MIN_ENODES
