@@ -82,7 +82,7 @@ class Graph:
                 else [n.op, *n.args, *attrs]
             )
             term = " ".join(parts)
-            typ = f" {n.dtype} {fmt_ints(n.shape)}" if n.op == "Opaque" else ""
+            typ = f" {n.dtype} {fmt_ints(n.shape)}" if n.op in ("Opaque", "Item") else ""
             lines.append(f"(let {n.name} ({term}){typ})")
         lines.append(f"(output {' '.join(self.outputs)})")
         return "\n".join(lines) + "\n"
@@ -284,6 +284,17 @@ class _Reader:
             return self._add(
                 Node(name or self.name(), "Opaque", tuple(args), tuple(attrs), loc=loc), typ
             )
+        if op == "Item":  # one result of a host op returning several: typed as Opaque is
+            if len(items) != 2 or typ is None:
+                raise GraphError(
+                    "Item takes a host op's result and an index, with the result's type: "
+                    "(let y (Item op 0) f32 [2 3])",
+                    loc,
+                )
+            node = Node(
+                name or self.name(), "Item", (self.term(items[0]),), (parse_int(items[1]),), loc=loc
+            )
+            return self._add(node, typ)
         row = ot.BY_NAME.get(op)
         if row is None or (row.category == ot.LEAF and op != "Arange"):
             raise GraphError(f"unknown operation {op!r} (see eqsat/optable.py)", loc)
@@ -312,7 +323,7 @@ class _Reader:
         self.graph.add(node)
         if typ is not None:
             node.dtype, node.shape = typ
-        if node.op != "Opaque":
+        if node.op not in ("Opaque", "Item"):
             dtype, shape = infer(self.graph, node)
             if typ is not None and (dtype, shape) != typ:
                 raise GraphError(

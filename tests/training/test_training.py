@@ -362,3 +362,42 @@ def test_an_embedding_block_trains_replayed_on_the_gpu():
     forward, backward = list(backend.CACHE.items.values())[-2:]
     assert forward.recipe.runner._unbounded_indices
     assert not backward.recipe.runner._unbounded_indices
+
+
+def test_a_training_graph_text_reads_back_as_the_same_graph():
+    """A backward graph's host ops returning several results (a convolution's and a max
+    pool's backward) are read through ``Item`` nodes: the graph's text, as the compile cache
+    keys it and ``python -m saturn.eqsat`` replays it, reads back to the same text and
+    compiles to the same program."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    graphs = []
+
+    def capture(gm, _example):
+        graphs.append(import_graph(gm, replacements=True).graph)
+        return gm.forward
+
+    backend_ = aot_autograd(
+        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
+    )
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(36, 2)
+    )
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    torch.compile(model, backend=backend_, dynamic=False)(x).sum().backward()
+    assert len(graphs) == 2
+    texts = [g.to_text() for g in graphs]
+    assert any("(Item " in t for t in texts), texts
+    for graph, text in zip(graphs, texts, strict=True):
+        back = parse_graph(text)
+        assert back.to_text() == text
+        want = compile_graph(graph, machine="gpu", io_on_device=True)
+        got = compile_graph(back, machine="gpu", io_on_device=True)
+        assert got.program.to_text() == want.program.to_text()
