@@ -8,7 +8,8 @@ Tuple results are read through getitem. The output spec keeps ``None`` positions
 
 This module is the entry (``import_graph``); the ``Importer`` and the handler registry are in
 ``import_core``, the handlers in ``import_elementwise``, ``import_reductions``,
-``import_movement``, ``import_indexing`` and ``import_library``, one family each.
+``import_movement``, ``import_indexing``, ``import_library`` and ``import_pooling``, one
+family each.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from . import (  # noqa: F401
     import_indexing,
     import_library,
     import_movement,
+    import_pooling,
     import_reductions,
 )
 from .dtypes import DTYPES

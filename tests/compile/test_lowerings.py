@@ -505,8 +505,9 @@ def test_pool_in_ceil_mode_without_padding_counted_or_a_divisor_override_stays_t
     assert call in host_ops(last_compiled().compiled.program)
 
 
-def test_max_pool_in_training_keeps_its_indices_call():
-    """The backward reads the argmax indices: the op stays the call, gradients as eager's."""
+def test_max_pool_in_training_computes_its_indices_on_the_device():
+    """The backward reads the argmax indices: the forward folds them with the maximum, the
+    backward adds at them (decision 0087); no host op either way, gradients as eager's."""
     x = torch.randn(2, 3, 8, 8)
     torch._dynamo.reset()
     xd = x.to(DEV).requires_grad_()
@@ -515,8 +516,8 @@ def test_max_pool_in_training_keeps_its_indices_call():
     xc = x.clone().requires_grad_()
     (torch.nn.functional.max_pool2d(xc, 2) * 3).sum().backward()
     torch.testing.assert_close(xd.grad.cpu(), xc.grad)
-    forward = list(backend.CACHE.items.values())[-2].compiled.program
-    assert "aten.max_pool2d_with_indices.default" in host_ops(forward)
+    forward, backward = (g.compiled.program for g in list(backend.CACHE.items.values())[-2:])
+    assert host_ops(forward) == [] and host_ops(backward) == [], backward.to_text()
 
 
 def test_foreach_ops_are_the_single_tensor_ops():

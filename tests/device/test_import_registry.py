@@ -36,4 +36,5 @@ def test_each_family_registers_its_own_ops():
         "saturn.import_movement",
         "saturn.import_indexing",
         "saturn.import_library",
+        "saturn.import_pooling",
     }

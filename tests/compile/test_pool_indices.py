@@ -1,0 +1,108 @@
+"""max_pool2d with its indices (what a training forward saves) and its backward, compiled
+with no host op: the values bit for bit and the indices equal to eager's on the CPU
+(special values: NaN, -inf windows, ties, both zeros), the input's gradient as eager's
+(exact where windows do not overlap; overlapping windows add in the row add's order)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional
+
+from saturn import backend
+
+# kernel, stride, padding, dilation, ceil mode, input shape
+POOLS = {
+    "resnet-stem": (3, 2, 1, 1, False, (2, 3, 9, 9)),
+    "tiles": (2, 2, 0, 1, False, (1, 2, 6, 6)),
+    "dilated": (3, 1, 1, 2, False, (1, 2, 9, 8)),
+    "ceil-mode": (3, 2, 0, 1, True, (1, 2, 8, 8)),
+    "rectangular": ((2, 3), (1, 2), (1, 1), 1, False, (1, 1, 5, 7)),
+}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _input(shape, dtype) -> torch.Tensor:
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    plane = x[0, 0]
+    plane[0, 0] = plane[0, 1] = float("nan")  # two NaNs in a window: the last wins
+    plane[2, 2] = plane[2, 3] = 5.0  # equal maxima: the first wins
+    plane[1:4, 4:7] = float("-inf")  # a window of -inf alone: its first element
+    plane[4, 0], plane[4, 1] = -0.0, 0.0  # both zeros, maxima where all else is negative
+    plane[3:6, 0:3] = torch.minimum(plane[3:6, 0:3], torch.tensor(-1.0))
+    plane[4, 0], plane[4, 1] = -0.0, 0.0
+    return x.to(dtype)
+
+
+def _pool(x, name):
+    k, s, p, d, ceil, _ = POOLS[name]
+    return functional.max_pool2d(x, k, s, p, d, ceil_mode=ceil, return_indices=True)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.itemsize])
+
+
+def _programs(dev):
+    return [
+        g.compiled.program
+        for g in backend.CACHE.items.values()
+        if g.recipe.device == torch.device(dev)
+    ]
+
+
+def _host_steps(prog, dev: str, dtype: str) -> int:
+    """None, but for bfloat16 on saturn:0, which runs half types' elementwise steps through
+    PyTorch's CPU ops (the CPU reference has no half kernels): there, no opaque op."""
+    if dtype == "f32" or dev != "saturn:0":
+        return 0
+    opaque = [s.op for s in prog.steps if s.kind == "host" and s.op.startswith("aten.")]
+    assert opaque == [], opaque
+    return prog.count("host")
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_max_pool_indices_are_pytorchs(dev, name, dtype):
+    x = _input(POOLS[name][5], DTYPES[dtype])
+    want_v, want_i = _pool(x, name)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    g = torch.compile(lambda t: _pool(t, name), backend="saturn", options={"device": dev})
+    got_v, got_i = g(x.to(dev))
+    assert torch.equal(got_i.cpu(), want_i)
+    got_v, nan = got_v.cpu(), want_v.isnan()
+    assert nan.any() and torch.equal(got_v.isnan(), nan)
+    # bit for bit but NaN's payload (PyTorch's CPU pool writes a half type's canonical NaN)
+    assert torch.equal(_bits(got_v)[~nan], _bits(want_v)[~nan])
+    (prog,) = _programs(dev)
+    assert prog.count("host") == _host_steps(prog, dev, dtype), prog.to_text()
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_max_pool_backward_runs_on_the_device(dev, name, dtype):
+    x = _input(POOLS[name][5], DTYPES[dtype])  # the loss is NaN; its gradient is weight
+    torch.manual_seed(1)
+    weight = torch.randn_like(_pool(x, name)[0])
+
+    def loss(t, wt):
+        return (_pool(t, name)[0] * wt).sum()
+
+    want = x.clone().requires_grad_()
+    loss(want, weight).backward()
+    got = x.to(dev).requires_grad_()
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    fallbacks = len(backend.CACHE.fallbacks)
+    torch.compile(loss, backend="saturn", options={"device": dev})(got, weight.to(dev)).backward()
+    assert backend.CACHE.fallbacks[fallbacks:] == []
+    tol = {"f32": 1e-6, "bf16": 1e-2}[dtype]
+    torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=tol, atol=tol)
+    if name == "tiles":  # one gradient per element: exact
+        assert torch.equal(got.grad.cpu(), want.grad)
+    progs = _programs(dev)
+    assert len(progs) == 2
+    for prog in progs:
+        assert prog.count("host") == _host_steps(prog, dev, dtype), prog.to_text()
