@@ -37,4 +37,5 @@ def test_each_family_registers_its_own_ops():
         "saturn.import_indexing",
         "saturn.import_library",
         "saturn.import_pooling",
+        "saturn.import_conv_backward",
     }

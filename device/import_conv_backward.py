@@ -1,0 +1,194 @@
+"""Importer handler for ``convolution_backward`` (a training graph's): each gradient in
+terms the device already runs, so no convolution's backward crosses to the host.
+
+- The input's gradient is a convolution: the output's gradient spread by the stride (zeros
+  between its rows and columns), padded by the kernel's extent less the padding, with the
+  weight's channels swapped and its window flipped, at the forward's dilation and stride 1.
+- The weight's gradient is one matrix product per group (a batch of them): the output's
+  gradient, channels by (batch, rows, columns), times the input's windows (one strided
+  slice of the padded input per kernel position), (batch, rows, columns) by (channels,
+  kernel positions).
+- The bias's gradient is the output's gradient summed over batch, rows and columns.
+
+2-D convolutions, grouped too (depthwise ones: a batch of one-row products); transposed
+convolutions and symbolic sizes stay PyTorch's op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from saturn.eqsat import optable as ot
+from saturn.eqsat.graph import Node, float_bits
+
+from .import_core import MARKERS, Importer, handles
+from .import_indexing import take_rows
+from .import_movement import pad_or_crop
+
+
+def _spread(imp: Importer, g: str, axis: int, step: int) -> str:
+    """``g`` with ``step - 1`` zeros after each element along ``axis`` but the last: a
+    zero Pad of a new axis of ``step`` after it, merged, the trailing zeros cut."""
+    gn = imp.g.nodes[g]
+    shape, dtype = tuple(gn.shape), gn.dtype
+    n = shape[axis]
+    split = (*shape[: axis + 1], 1, *shape[axis + 1 :])
+    v = imp.add(Node(imp.fresh("spread_v"), "View", (g,), (split,), dtype, split))
+    pads = [0] * (2 * len(split))
+    pads[2 * (axis + 1) + 1] = step - 1
+    wide = (*shape[: axis + 1], step, *shape[axis + 1 :])
+    p = imp.add(Node(imp.fresh("spread"), "Pad", (v,), (tuple(pads), float_bits(0.0)), dtype, wide))
+    merged = (*shape[:axis], n * step, *shape[axis + 1 :])
+    m = imp.add(Node(imp.fresh("spread_m"), "View", (p,), (merged,), dtype, merged))
+    cut = (*shape[:axis], (n - 1) * step + 1, *shape[axis + 1 :])
+    return imp.add(
+        Node(imp.fresh("spread_cut"), "Slice", (m,), (axis, 0, (n - 1) * step + 1, 1), dtype, cut)
+    )
+
+
+def _flipped(imp: Importer, x: str, axes: tuple[int, ...]) -> str:
+    """``x`` reversed along ``axes``: per axis of more than one element, a take of its
+    slices by the constant index n-1, ..., 0 (the axis brought first and back)."""
+    xn = imp.g.nodes[x]
+    shape, dtype, rank = tuple(xn.shape), xn.dtype, len(xn.shape)
+    for dim in axes:
+        n = shape[dim]
+        if n == 1:
+            continue
+        rev = imp.add(
+            Node(imp.fresh("flip_index"), "Arange", (), (n - 1, -1, n, "i64"), "i64", (n,))
+        )
+        perm = (dim, *(d for d in range(rank) if d != dim))
+        moved = tuple(shape[d] for d in perm)
+        p = imp.add(Node(imp.fresh("flip_first"), "Permute", (x,), (perm,), dtype, moved))
+        t = take_rows(imp, p, rev, imp.fresh("flip"), moved)
+        back = tuple(sorted(range(rank), key=perm.__getitem__))
+        x = imp.add(Node(imp.fresh("flip_back"), "Permute", (t,), (back,), dtype, shape))
+    return x
+
+
+def _input_gradient(imp, g: str, w: str, in_shape, stride, padding, dilation, groups) -> str:
+    """The transposed convolution of the output's gradient ``g`` by the weight ``w``."""
+    gn, wn = imp.g.nodes[g], imp.g.nodes[w]
+    dtype = gn.dtype
+    (kh, kw), (ho, wo) = wn.shape[2:], gn.shape[2:]
+    for axis, s in ((2, stride[0]), (3, stride[1])):
+        if s > 1:
+            g = _spread(imp, g, axis, s)
+    pads = [0, 0, 0, 0]
+    for size, out, k, s, p, d in (
+        (in_shape[2], ho, kh, stride[0], padding[0], dilation[0]),
+        (in_shape[3], wo, kw, stride[1], padding[1], dilation[1]),
+    ):
+        # padded to size + d (k - 1), so that a stride-1 convolution gives ``size`` back
+        pads += [d * (k - 1) - p, size - ((out - 1) * s + 1) + p]
+    g = pad_or_crop(imp, g, pads, float_bits(0.0), dtype)
+    # each group's weight [K/g, C/g] swapped to [C/g, K/g]: [g, K/g, C/g] -> [g, C/g, K/g]
+    k_out, c_in = wn.shape[0], wn.shape[1]  # c_in: channels per group
+    split = (groups, k_out // groups, c_in, kh, kw)
+    wt = imp.add(Node(imp.fresh("dgrad_wg"), "View", (w,), (split,), dtype, split))
+    swapped = (groups, c_in, k_out // groups, kh, kw)
+    wt = imp.add(Node(imp.fresh("dgrad_w"), "Permute", (wt,), ((0, 2, 1, 3, 4),), dtype, swapped))
+    merged = (groups * c_in, k_out // groups, kh, kw)
+    wt = imp.add(Node(imp.fresh("dgrad_wm"), "View", (wt,), (merged,), dtype, merged))
+    wt = _flipped(imp, wt, (2, 3))
+    attrs = ((1, 1), (0, 0), tuple(dilation), groups)
+    return imp.add(Node(imp.fresh("dgrad"), "Conv2dNoBias", (g, wt), attrs, dtype, tuple(in_shape)))
+
+
+def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, groups) -> str:
+    """The output's gradient ``g`` contracted with the input's windows: one product."""
+    gn, xn = imp.g.nodes[g], imp.g.nodes[x]
+    dtype = gn.dtype
+    n, k, ho, wo = gn.shape
+    c, (kh, kw) = xn.shape[1], w_shape[2:]
+    (sh, sw), (dh, dw) = stride, dilation
+    src = pad_or_crop(
+        imp, x, [0, 0, 0, 0, padding[0], padding[0], padding[1], padding[1]], float_bits(0.0), dtype
+    )
+    wp = imp.g.nodes[src].shape[3]
+    window = (n, c, ho, wo, 1)
+    cols = None
+    for i in range(kh):
+        rows = (2, i * dh, i * dh + sh * (ho - 1) + 1, sh)
+        r = imp.add(Node(imp.fresh("wgrad_rows"), "Slice", (src,), rows, dtype, (n, c, ho, wp)))
+        for j in range(kw):
+            at = (3, j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            s = imp.add(Node(imp.fresh("wgrad_at"), "Slice", (r,), at, dtype, (n, c, ho, wo)))
+            s = imp.add(Node(imp.fresh("wgrad_col"), "View", (s,), (window,), dtype, window))
+            if cols is None:
+                cols = s
+                continue
+            joined = (n, c, ho, wo, imp.g.nodes[cols].shape[4] + 1)
+            cols = imp.add(Node(imp.fresh("wgrad_cat"), "Cat", (cols, s), (4,), dtype, joined))
+    taps, kg, cg = kh * kw, k // groups, c // groups
+    # per group: [K/g, (N, Ho, Wo)] @ [(N, Ho, Wo), (C/g, taps)], a batch of one product
+    split = (n, groups, cg, ho, wo, taps)
+    cols = imp.add(Node(imp.fresh("wgrad_split"), "View", (cols,), (split,), dtype, split))
+    moved = (groups, n, ho, wo, cg, taps)
+    cols = imp.add(
+        Node(imp.fresh("wgrad_perm"), "Permute", (cols,), ((1, 0, 3, 4, 2, 5),), dtype, moved)
+    )
+    flat = (groups, n * ho * wo, cg * taps)
+    cols = imp.add(Node(imp.fresh("wgrad_cols"), "View", (cols,), (flat,), dtype, flat))
+    gsplit = (n, groups, kg, ho, wo)
+    gt = imp.add(Node(imp.fresh("wgrad_gs"), "View", (g,), (gsplit,), dtype, gsplit))
+    gmoved = (groups, kg, n, ho, wo)
+    gt = imp.add(Node(imp.fresh("wgrad_g"), "Permute", (gt,), ((1, 2, 0, 3, 4),), dtype, gmoved))
+    gflat = (groups, kg, n * ho * wo)
+    gm = imp.add(Node(imp.fresh("wgrad_gm"), "View", (gt,), (gflat,), dtype, gflat))
+    prod_shape = (groups, kg, cg * taps)
+    if groups == 1:  # one product
+        gm = imp.add(Node(imp.fresh("wgrad_g2"), "View", (gm,), (gflat[1:],), dtype, gflat[1:]))
+        cols = imp.add(Node(imp.fresh("wgrad_c2"), "View", (cols,), (flat[1:],), dtype, flat[1:]))
+        prod = imp.add(Node(imp.fresh("wgrad"), "MatMul", (gm, cols), (), dtype, prod_shape[1:]))
+    else:
+        prod = imp.add(Node(imp.fresh("wgrad"), "BatchMatMul", (gm, cols), (), dtype, prod_shape))
+    shape = (k, cg, kh, kw)
+    return imp.add(Node(imp.fresh("wgrad_view"), "View", (prod,), (shape,), dtype, shape))
+
+
+def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
+    """``convolution_backward(grad, input, weight, bias_sizes, stride, padding, dilation,
+    transposed, output_padding, groups, output_mask)``: the gradients ``output_mask`` asks
+    for, each as the module's docstring says. A 2-D convolution of floats (half types as
+    the forward's: products rounded once, on a GPU where its facts place them); symbolic
+    sizes and transposed convolutions decline."""
+    grad, x, w = node.args[:3]
+    stride, padding, dilation, transposed, _out_pad, groups, mask = node.args[4:11]
+    if transposed or len(stride) != 2 or node.kwargs:
+        return None
+    if not all(isinstance(a, torch.fx.Node) for a in (grad, x, w)):
+        return None
+    gn, xn, wn = (imp.g.nodes[imp.env[a.name]] for a in (grad, x, w))
+    dtype = xn.dtype
+    if gn.dtype != dtype or wn.dtype != dtype or dtype not in ot.FLOATS:
+        return None
+    if any(len(t.shape) != 4 for t in (gn, xn, wn)):
+        return None
+    if any(v >= min(MARKERS) for t in (gn, xn, wn) for v in t.shape):
+        return None
+    groups = int(groups)
+    if groups < 1 or xn.shape[1] % groups or wn.shape[0] % groups:
+        return None
+    stride, padding, dilation = (tuple(int(v) for v in a) for a in (stride, padding, dilation))
+    results: list[str | None] = [None, None, None]
+    if mask[0]:
+        results[0] = _input_gradient(
+            imp, gn.name, wn.name, tuple(xn.shape), stride, padding, dilation, groups
+        )
+    if mask[1]:
+        results[1] = _weight_gradient(
+            imp, gn.name, xn.name, tuple(wn.shape), stride, padding, dilation, groups
+        )
+    if mask[2]:
+        k = gn.shape[1]
+        results[2] = imp.add(
+            Node(imp.fresh("bgrad"), "Sum", (gn.name,), ((0, 2, 3), 0), dtype, (k,))
+        )
+    imp.results[node.name] = tuple(results)
+    return next(r for r in results if r is not None)
+
+
+handles({"aten.convolution_backward.default": _h_convolution_backward})

@@ -1,0 +1,145 @@
+"""A convolution's backward compiled with no host op (decision 0088): the input's gradient
+as a convolution of the spread, padded output gradient by the flipped weight, the weight's
+as one product with the input's windows, the bias's as a sum; each as eager's on the CPU
+(float32 sums in another order: within 1e-5 of the largest gradient). Grouped and
+depthwise convolutions too; what declines (a transposed convolution) stays PyTorch's op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from saturn import backend
+
+# in channels, out channels, kernel, stride, padding, dilation, bias, input (N, H, W), groups
+CONVS = {
+    "3x3-same": (3, 4, 3, 1, 1, 1, True, (2, 8, 8)),
+    "3x3-stride-2": (3, 5, 3, 2, 1, 1, False, (2, 9, 9)),
+    "1x1": (4, 6, 1, 1, 0, 1, False, (2, 5, 5)),
+    "1x1-stride-2": (4, 3, 1, 2, 0, 1, False, (1, 8, 8)),
+    "7x7-stem": (3, 4, 7, 2, 3, 1, False, (1, 16, 16)),
+    "remainder-rows": (2, 3, 3, 2, 0, 1, True, (1, 8, 7)),
+    "dilated": (2, 3, 3, 1, 2, 2, True, (1, 9, 9)),
+    "rectangular": (2, 2, (3, 1), (2, 1), (1, 0), 1, True, (2, 7, 5)),
+    "padding-past-the-kernel": (2, 2, 2, 1, 2, 1, True, (1, 5, 5)),
+    "two-groups": (4, 6, 3, 1, 1, 1, True, (2, 6, 6), 2),
+    "depthwise-stride-2": (4, 4, 3, 2, 1, 1, False, (2, 7, 7), 4),
+    "depthwise-multiplier": (3, 6, 5, 1, 2, 1, True, (1, 8, 8), 3),
+}
+
+
+def _programs(dev):
+    return [
+        g.compiled.program
+        for g in backend.CACHE.items.values()
+        if g.recipe.device == torch.device(dev)
+    ]
+
+
+def _host_ops(prog) -> list[str]:
+    return [s.op.split("#")[0] for s in prog.steps if s.kind == "host"]
+
+
+def _gradients(conv, x, device=None, compiled=False):
+    conv = conv if device is None else _copy(conv).to(device)
+    x = (x if device is None else x.to(device)).clone().requires_grad_()
+    fn = torch.compile(conv, backend="saturn", dynamic=False) if compiled else conv
+    torch.manual_seed(1)
+    weight = torch.randn(conv(x).shape)
+    (fn(x) * weight.to(x.device)).sum().backward()
+    grads = [x.grad, conv.weight.grad] + ([conv.bias.grad] if conv.bias is not None else [])
+    return [g.cpu() for g in grads]
+
+
+def _copy(m):
+    import copy
+
+    return copy.deepcopy(m)
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_convolution_backward_runs_on_the_device(dev, name):
+    cin, cout, k, s, p, d, bias, (n, h, w), *groups = CONVS[name]
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(cin, cout, k, s, p, d, groups=groups[0] if groups else 1, bias=bias)
+    x = torch.randn(n, cin, h, w)
+    want = _gradients(conv, x)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    got = _gradients(conv, x, dev, compiled=True)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
+    progs = _programs(dev)
+    assert len(progs) == 2
+    for prog in progs:
+        assert _host_ops(prog) == [], prog.to_text()
+
+
+def test_a_transposed_convolution_backward_stays_pytorchs_op():
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose2d(4, 3, 3, 2, 1)
+    x = torch.randn(1, 4, 5, 5)
+    want = _gradients(conv, x)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    got = _gradients(conv, x, "saturn:0", compiled=True)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    backward = _programs("saturn:0")[-1]
+    assert "aten.convolution_backward.default" in _host_ops(backward), backward.to_text()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtype):
+    """Without a GPU: a small CNN's backward graph (strided, 1x1, depthwise and grouped
+    convolutions, a bias), imported and compiled for the GPU machine in float32 and in
+    bfloat16, has no host step and no crossing: every gradient is a device kernel."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    programs = []
+
+    def capture(gm, _example):
+        graph = import_graph(gm, replacements=True).graph
+        programs.append(compile_graph(graph, machine="gpu", io_on_device=True).program)
+        return gm.forward
+
+    backend_ = aot_autograd(
+        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
+    )
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, 1, 1, groups=8),
+        torch.nn.Conv2d(8, 4, 1),
+        torch.nn.Conv2d(4, 4, 3, 1, 1, groups=2),
+    ).to(dtype)
+    x = torch.randn(2, 3, 12, 12, dtype=dtype, requires_grad=True)
+    torch.compile(model, backend=backend_, dynamic=False)(x).float().sum().backward()
+    assert len(programs) == 2
+    backward = programs[1]
+    assert backward.count("host") == 0 and backward.count("crossing") == 0, backward.to_text()
+    kinds = {k.kind for k in backward.kernels}
+    assert {"conv", "gemm"} <= kinds, kinds
+
+
+@pytest.mark.gpu
+def test_half_convolution_backward_on_the_gpu():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 16, 3, 2, 1).to(torch.bfloat16)
+    x = torch.randn(4, 8, 16, 16, dtype=torch.bfloat16)
+    want = _gradients(conv, x)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    got = _gradients(conv, x, "saturn:1", compiled=True)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(
+            g.float(), r.float(), rtol=2e-2, atol=2e-2 * r.abs().max().item()
+        )
+    for prog in _programs("saturn:1"):
+        assert _host_ops(prog) == [], prog.to_text()
