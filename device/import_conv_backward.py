@@ -157,7 +157,7 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
     sizes and transposed convolutions decline."""
     grad, x, w = node.args[:3]
     stride, padding, dilation, transposed, _out_pad, groups, mask = node.args[4:11]
-    if transposed or len(stride) != 2 or node.kwargs:
+    if transposed or len(stride) != 2 or node.kwargs or not any(mask):
         return None
     if not all(isinstance(a, torch.fx.Node) for a in (grad, x, w)):
         return None
