@@ -284,7 +284,11 @@ def _h_index_put(imp: Importer, node: torch.fx.Node):
     """index_put(x, [index], values, accumulate=True) with one integer index on the first
     axis (how an embedding's gradient is built): x viewed as rows x the rest, the index
     flattened, values broadcast to a row per index, an IndexAdd, viewed back. Without
-    accumulate (the last write of a repeated index wins) it stays PyTorch's op."""
+    accumulate (the last write of a repeated index wins) it stays PyTorch's op. Half types
+    for a GPU add in float32 and round once (the row add has no half form): PyTorch's CUDA
+    kernel rounds to the half type after each add, repeated indices in an order it leaves
+    unspecified, so the two agree within that rounding, not bit for bit. saturn:0 keeps the
+    op in its own type (its CPU kernel's)."""
     x, indices, values = node.args[:3]
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     if accumulate is not True or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
@@ -315,9 +319,20 @@ def _h_index_put(imp: Importer, node: torch.fx.Node):
         vals = imp.add(Node(imp.fresh("add_values"), "Expand", (vals,), (full,), dtype, full))
     if full != rows:
         vals = imp.add(Node(imp.fresh("add_rows"), "View", (vals,), (rows,), dtype, rows))
-    if flat == tuple(shape):
+    acc = dtype
+    if imp.gpu and dtype in ot.HALVES:  # CUDA's accumulation: float32, rounded once
+        acc = "f32"
+        base = imp.add(Node(imp.fresh("add_wide"), "Cast", (base,), (acc,), acc, flat))
+        vals = imp.add(Node(imp.fresh("add_vwide"), "Cast", (vals,), (acc,), acc, rows))
+    if flat == tuple(shape) and acc == dtype:
         return imp.add(Node(node.name, "IndexAdd", (base, index, vals), (), dtype, flat), node.name)
-    t = imp.add(Node(imp.fresh("index_add"), "IndexAdd", (base, index, vals), (), dtype, flat))
+    t = imp.add(Node(imp.fresh("index_add"), "IndexAdd", (base, index, vals), (), acc, flat))
+    if acc != dtype:
+        last = flat == tuple(shape)
+        name = node.name if last else imp.fresh("add_round")
+        t = imp.add(Node(name, "Cast", (t,), (dtype,), dtype, flat), node.name if last else None)
+        if last:
+            return t
     return imp.add(Node(node.name, "View", (t,), (tuple(shape),), dtype, tuple(shape)), node.name)
 
 

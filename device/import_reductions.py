@@ -120,8 +120,9 @@ def _h_layer_norm(imp: Importer, node: torch.fx.Node):
     mean or rstd is read too (a training forward saves them for the backward), they are
     ``Mean(x)`` and ``Rsqrt(Var(x, correction 0) + eps)`` over the normalized dims, kept,
     exactly PyTorch's definitions (biased variance); the layer norm's decomposition builds
-    the same terms, so the e-graph shares them. Declined where PyTorch computes the
-    statistics in another dtype than x's (half precision inputs). A missing weight or bias
+    the same terms, so the e-graph shares them. A half input whose statistics PyTorch keeps
+    in float32 (CUDA's layer norm: Welford in float32) gets them from x widened (exact), in
+    float32; other dtype pairs are declined. A missing weight or bias
     is the scalar 1 or -0.0: ``y * 1`` and ``y + -0.0`` are y for every y (both zeros and
     NaN included; ``+0.0`` would turn a -0.0 into +0.0)."""
     x, normalized, w, b, eps = node.args
@@ -130,9 +131,14 @@ def _h_layer_norm(imp: Importer, node: torch.fx.Node):
     dims = tuple(range(rank - len(normalized), rank))
     dtype, shape = tensor_type(node, fake_value(node)[0])
     extra = not only_first_result_used(node)
+    stat = dtype  # the statistics' dtype
     if extra:
         stats = [tensor_type(node, v) for v in fake_value(node)[1:]]
-        if dtype not in ot.FLOATS or any(d != dtype for d, _ in stats):
+        stat = stats[0][0]
+        wide = dtype in ot.HALVES and stat == "f32"
+        if dtype not in ot.FLOATS or any(d != stat for d, _ in stats):
+            return None
+        if stat != dtype and not wide:
             return None
     wn = imp.scalar(1.0, dtype) if w is None else imp.env[w.name]
     bn = imp.scalar(-0.0, dtype) if b is None else imp.env[b.name]
@@ -149,12 +155,15 @@ def _h_layer_norm(imp: Importer, node: torch.fx.Node):
     )
     if extra:
         (_, mshape), (_, rshape) = stats
-        mean = imp.add(Node(imp.fresh("ln_mean"), "Mean", (xn.name,), (dims, 1), dtype, mshape))
-        var = imp.add(Node(imp.fresh("ln_var"), "Var", (xn.name,), (dims, 0, 1), dtype, rshape))
+        src = xn.name
+        if stat != dtype:  # widened: exact
+            src = imp.add(Node(imp.fresh("ln_wide"), "Cast", (src,), (stat,), stat, xn.shape))
+        mean = imp.add(Node(imp.fresh("ln_mean"), "Mean", (src,), (dims, 1), stat, mshape))
+        var = imp.add(Node(imp.fresh("ln_var"), "Var", (src,), (dims, 0, 1), stat, rshape))
         shifted = imp.add(
-            Node(imp.fresh("ln_var_eps"), "Add", (var, imp.scalar(eps, dtype)), (), dtype, rshape)
+            Node(imp.fresh("ln_var_eps"), "Add", (var, imp.scalar(eps, stat)), (), stat, rshape)
         )
-        rstd = imp.add(Node(imp.fresh("ln_rstd"), "Rsqrt", (shifted,), (), dtype, rshape))
+        rstd = imp.add(Node(imp.fresh("ln_rstd"), "Rsqrt", (shifted,), (), stat, rshape))
         imp.results[node.name] = (y, mean, rstd)
     return y
 

@@ -168,6 +168,9 @@ CASES: dict[str, Case] = {
     "mean-half": Case(lambda x: x.mean(-1), lambda d: [rows(d)], HALVES, True),
     "amax-half": Case(lambda x: x.amax(-1), lambda d: [rows(d)], HALVES, True),
     "amin-half": Case(lambda x: x.amin(-1), lambda d: [rows(d)], HALVES, True),
+    "var-half": Case(
+        lambda x: x.var(-1, unbiased=False), lambda d: [rows(d)], HALVES, True, rtol=1e-2
+    ),
     # gemm
     "place-mm": Case(lambda a, b: a @ b, matrices, FLOATS, True, sums=True),
     "place-bmm": Case(

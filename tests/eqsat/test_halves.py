@@ -150,6 +150,21 @@ def test_half_reductions_accumulate_in_float32_and_round_once(dtype, op):
     assert not kernels(host)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_half_variance_is_the_float32_one_rounded_once(dtype):
+    text = f"(input x {dtype} [8 64])\n(let r (Var x [1] 0 0))\n(output r)\n"
+    c = compiled(text)
+    assert c.program.count("host") == 0, c.program.to_text()
+    assert c.report.rule_totals().get("var-half", 0) >= 1
+    ks = kernels(c)
+    assert all(k.inputs[0].dtype in (dtype, "f32") for k in ks)
+    (last,) = [k for k in ks if k.dtype == dtype]
+    assert casts(last.body) + casts(last.epilogue) == 1
+    assert not kernels(compiled(text, "cpu-reference"))  # no half kernels there: declines
+    wide = compiled("(input x f32 [8 64])\n(let r (Var x [1] 0 0))\n(output r)\n")
+    assert wide.report.rule_totals().get("var-half", 0) == 0
+
+
 def test_a_half_product_reduction_stays_on_the_host():
     # no float32 form for prod: PyTorch's half prod is not asserted to widen (declines)
     c = compiled("(input x bf16 [8 64])\n(let r (Prod x [1] 0))\n(output r)\n")

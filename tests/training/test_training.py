@@ -401,3 +401,81 @@ def test_a_training_graph_text_reads_back_as_the_same_graph():
         want = compile_graph(graph, machine="gpu", io_on_device=True)
         got = compile_graph(back, machine="gpu", io_on_device=True)
         assert got.program.to_text() == want.program.to_text()
+
+
+def test_half_layer_norm_statistics_stay_float32_as_cuda_keeps_them():
+    """CUDA's layer norm keeps a half input's mean and rstd in float32 (Welford in float32):
+    the training forward's statistics are then the float32 ones of x widened, and the graph
+    compiles for the GPU with no host step. Traced here on the CPU (whose statistics are
+    half) with the statistics' types made CUDA's; values checked with the numpy evaluator."""
+    import numpy as np
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from saturn.eqsat.evaluate import eval_graph
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    def f(x, w, b):
+        return torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-5)
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 8).half(), torch.randn(8).half(), torch.randn(8).half()
+    gm = make_fx(f, tracing_mode="fake")(x, w, b)
+    for node in gm.graph.nodes:  # the statistics as CUDA types them
+        val = node.meta.get("val")
+        if node.target is torch.ops.aten.native_layer_norm.default:
+            with val[1].fake_mode:
+                node.meta["val"] = (val[0], *(torch.empty(v.shape) for v in val[1:]))
+        elif node.op == "call_function" and node.args[1] in (1, 2):
+            with val.fake_mode:
+                node.meta["val"] = torch.empty(val.shape)
+    graph = import_graph(gm, replacements=True).graph
+    assert [graph.nodes[o].dtype for o in graph.outputs] == ["f16", "f32", "f32"]
+    prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+    assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
+    names = [n.name for n in graph.nodes.values() if n.op in ("Input", "Param")]
+    feed = dict(zip(names, (x.numpy(), w.numpy(), b.numpy()), strict=True))
+    y, mean, rstd = eval_graph(graph, feed)
+    xf = x.float()
+    var = xf.var(-1, unbiased=False, keepdim=True)
+    np.testing.assert_allclose(mean, xf.mean(-1, keepdim=True).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(rstd, torch.rsqrt(var + 1e-5).numpy(), rtol=1e-5)
+    # y as before (the evaluator computes a half op in the half type: a few roundings)
+    want = torch.nn.functional.layer_norm(xf, (8,), w.float(), b.float(), 1e-5)
+    np.testing.assert_allclose(y.astype(np.float32), want.numpy(), rtol=5e-3, atol=5e-3)
+
+
+def test_half_table_gradient_adds_on_the_gpu_in_float32():
+    """Without a GPU: the backward of a bfloat16 table read at repeated indices (Swin's
+    relative position bias: index_put with accumulate) compiled for the GPU machine is a
+    float32 row add between two casts, no host step; for saturn:0 the op keeps its type."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    graphs = {}
+
+    def capture(gm, _example):
+        graphs.setdefault("gpu", []).append(import_graph(gm, replacements=True).graph)
+        graphs.setdefault("cpu", []).append(import_graph(gm, replacements=False).graph)
+        return gm.forward
+
+    backend_ = aot_autograd(
+        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
+    )
+    torch._dynamo.reset()
+    table = torch.randn(10, 4, dtype=torch.bfloat16, requires_grad=True)
+    idx = torch.tensor([1, 3, 1, 7, 3, 3])
+
+    def read(t, i):
+        return t[i] * 2
+
+    torch.compile(read, backend=backend_, dynamic=False)(table, idx).float().sum().backward()
+    gpu, cpu = graphs["gpu"][-1], graphs["cpu"][-1]
+    adds = [n for n in gpu.nodes.values() if n.op == "IndexAdd"]
+    assert [n.dtype for n in adds] == ["f32"], gpu.to_text()
+    assert [n.dtype for n in cpu.nodes.values() if n.op == "IndexAdd"] == ["bf16"]
+    prog = compile_graph(gpu, machine="gpu", io_on_device=True).program
+    assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
