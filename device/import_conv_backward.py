@@ -68,8 +68,12 @@ def _flipped(imp: Importer, x: str, axes: tuple[int, ...]) -> str:
     return x
 
 
-def _input_gradient(imp, g: str, w: str, in_shape, stride, padding, dilation, groups) -> str:
-    """The transposed convolution of the output's gradient ``g`` by the weight ``w``."""
+def input_gradient(
+    imp, g: str, w: str, in_shape, stride, padding, dilation, groups, flip: bool = True
+) -> str:
+    """The transposed convolution of the output's gradient ``g`` by the weight ``w`` (an
+    average pool's backward too: ``flip`` False for a weight every window position holds
+    alike)."""
     gn, wn = imp.g.nodes[g], imp.g.nodes[w]
     dtype = gn.dtype
     (kh, kw), (ho, wo) = wn.shape[2:], gn.shape[2:]
@@ -92,7 +96,8 @@ def _input_gradient(imp, g: str, w: str, in_shape, stride, padding, dilation, gr
     wt = imp.add(Node(imp.fresh("dgrad_w"), "Permute", (wt,), ((0, 2, 1, 3, 4),), dtype, swapped))
     merged = (groups * c_in, k_out // groups, kh, kw)
     wt = imp.add(Node(imp.fresh("dgrad_wm"), "View", (wt,), (merged,), dtype, merged))
-    wt = _flipped(imp, wt, (2, 3))
+    if flip:
+        wt = _flipped(imp, wt, (2, 3))
     attrs = ((1, 1), (0, 0), tuple(dilation), groups)
     return imp.add(Node(imp.fresh("dgrad"), "Conv2dNoBias", (g, wt), attrs, dtype, tuple(in_shape)))
 
@@ -175,7 +180,7 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
     stride, padding, dilation = (tuple(int(v) for v in a) for a in (stride, padding, dilation))
     results: list[str | None] = [None, None, None]
     if mask[0]:
-        results[0] = _input_gradient(
+        results[0] = input_gradient(
             imp, gn.name, wn.name, tuple(xn.shape), stride, padding, dilation, groups
         )
     if mask[1]:

@@ -315,8 +315,49 @@ def _h_max_pool2d_backward(imp: Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Cast", (up,), (dtype,), dtype, shape), node.name)
 
 
+def _h_avg_pool2d_backward(imp: Importer, node: torch.fx.Node):
+    """avg_pool2d_backward for the pools ``_h_avg_pool2d`` takes (padding counted, floor
+    mode, no divisor override): each output's gradient divided by the window's size, then
+    added to every element of its window: the transposed convolution of the quotient by a
+    window of ones per channel (``import_conv_backward.input_gradient``). PyTorch's kernels
+    divide first and add the quotients too (in float32 for half types, rounded once: so
+    here). Other pools stay PyTorch's op."""
+    from .import_conv_backward import input_gradient
+
+    grad, _x, kernel, stride, padding, ceil_mode, include_pad, divisor = node.args[:8]
+    if node.kwargs or ceil_mode or divisor is not None or not isinstance(grad, torch.fx.Node):
+        return None
+    kernel = _pair(list(kernel))
+    stride = _pair(list(stride)) if stride else kernel
+    padding = _pair(list(padding))
+    if any(padding) and not include_pad:
+        return None
+    gn = imp.g.nodes[imp.env[grad.name]]
+    dtype, shape = tensor_type(node)
+    if dtype not in ot.FLOATS or gn.dtype != dtype or len(shape) != 4 or len(gn.shape) != 4:
+        return None
+    if any(v >= min(MARKERS) for v in (*shape, *gn.shape)):
+        return None
+    acc = "f32" if dtype in ot.HALVES else dtype
+    g = gn.name
+    if acc != dtype:
+        g = imp.add(Node(imp.fresh("unavg_wide"), "Cast", (g,), (acc,), acc, gn.shape))
+    size = imp.scalar(float(kernel[0] * kernel[1]), acc)
+    g = imp.add(Node(imp.fresh("unavg_share"), "Div", (g, size), (), acc, gn.shape))
+    c = shape[1]
+    ones = (c, 1, *kernel)
+    w = imp.add(
+        Node(imp.fresh("unavg_ones"), "Expand", (imp.scalar(1.0, acc),), (ones,), acc, ones)
+    )
+    out = input_gradient(imp, g, w, tuple(shape), stride, padding, (1, 1), c, flip=False)
+    if acc != dtype:
+        out = imp.add(Node(imp.fresh("unavg_round"), "Cast", (out,), (dtype,), dtype, tuple(shape)))
+    return out
+
+
 handles(
     {
+        "aten.avg_pool2d_backward.default": _h_avg_pool2d_backward,
         "aten.max_pool2d_with_indices.default": _h_max_pool2d,
         "aten.max_pool2d_with_indices_backward.default": _h_max_pool2d_backward,
         "aten.avg_pool2d.default": _h_avg_pool2d,

@@ -1,7 +1,8 @@
-"""max_pool2d with its indices (what a training forward saves) and its backward, compiled
-with no host op: the values bit for bit and the indices equal to eager's on the CPU
-(special values: NaN, -inf windows, ties, both zeros), the input's gradient as eager's
-(exact where windows do not overlap; overlapping windows add in the row add's order)."""
+"""Pools in training graphs, compiled with no host op. max_pool2d with its indices (what a
+training forward saves) and its backward: the values bit for bit and the indices equal to
+eager's on the CPU (special values: NaN, -inf windows, ties, both zeros), the input's
+gradient as eager's (exact where windows do not overlap; overlapping windows add in the
+row add's order). avg_pool2d's backward: a quotient per output added over its window."""
 
 from __future__ import annotations
 
@@ -106,3 +107,56 @@ def test_max_pool_backward_runs_on_the_device(dev, name, dtype):
     assert len(progs) == 2
     for prog in progs:
         assert prog.count("host") == _host_steps(prog, dev, dtype), prog.to_text()
+
+
+# kernel, stride, padding, input shape
+AVG_POOLS = {
+    "densenet-transition": (2, 2, 0, (2, 3, 8, 8)),
+    "overlapping-padded": (3, 1, 1, (1, 2, 6, 7)),
+    "strided-padded": (3, 2, 1, (2, 2, 9, 9)),
+    "rectangular": ((2, 3), (2, 1), (1, 1), (1, 1, 6, 7)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AVG_POOLS))
+def test_avg_pool_backward_runs_on_the_device(dev, name):
+    """Each output's gradient divided by the window's size and added over its window:
+    exact where windows do not overlap (a quotient per element), else within float32's
+    rounding of the sum; no host op either way."""
+    k, s, p, shape = AVG_POOLS[name]
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    weight = torch.randn_like(functional.avg_pool2d(x, k, s, p))
+
+    def loss(t, wt):
+        return (functional.avg_pool2d(t, k, s, p) * wt).sum()
+
+    want = x.clone().requires_grad_()
+    loss(want, weight).backward()
+    got = x.to(dev).requires_grad_()
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    torch.compile(loss, backend="saturn", options={"device": dev})(got, weight.to(dev)).backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-6, atol=1e-6)
+    if name == "densenet-transition":
+        assert torch.equal(got.grad.cpu(), want.grad)
+    for prog in _programs(dev):
+        assert prog.count("host") == 0, prog.to_text()
+
+
+def test_an_avg_pool_backward_leaving_padding_out_of_the_count_stays_pytorchs_op():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 6, 6)
+
+    def fn(t):
+        return functional.avg_pool2d(t, 3, 1, 1, count_include_pad=False)
+
+    want = x.clone().requires_grad_()
+    fn(want).sum().backward()
+    got = x.to("saturn:0").requires_grad_()
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    torch.compile(fn, backend="saturn")(got).sum().backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-6, atol=1e-6)
+    hosts = [s.op.split("#")[0] for p in _programs("saturn:0") for s in p.steps if s.kind == "host"]
+    assert "aten.avg_pool2d_backward.default" in hosts, hosts
