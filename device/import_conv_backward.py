@@ -23,8 +23,7 @@ from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import Node, float_bits
 
 from .import_core import MARKERS, Importer, handles
-from .import_indexing import take_rows
-from .import_movement import pad_or_crop
+from .import_movement import flip_axes, pad_or_crop
 
 
 def _spread(imp: Importer, g: str, axis: int, step: int) -> str:
@@ -45,27 +44,6 @@ def _spread(imp: Importer, g: str, axis: int, step: int) -> str:
     return imp.add(
         Node(imp.fresh("spread_cut"), "Slice", (m,), (axis, 0, (n - 1) * step + 1, 1), dtype, cut)
     )
-
-
-def _flipped(imp: Importer, x: str, axes: tuple[int, ...]) -> str:
-    """``x`` reversed along ``axes``: per axis of more than one element, a take of its
-    slices by the constant index n-1, ..., 0 (the axis brought first and back)."""
-    xn = imp.g.nodes[x]
-    shape, dtype, rank = tuple(xn.shape), xn.dtype, len(xn.shape)
-    for dim in axes:
-        n = shape[dim]
-        if n == 1:
-            continue
-        rev = imp.add(
-            Node(imp.fresh("flip_index"), "Arange", (), (n - 1, -1, n, "i64"), "i64", (n,))
-        )
-        perm = (dim, *(d for d in range(rank) if d != dim))
-        moved = tuple(shape[d] for d in perm)
-        p = imp.add(Node(imp.fresh("flip_first"), "Permute", (x,), (perm,), dtype, moved))
-        t = take_rows(imp, p, rev, imp.fresh("flip"), moved)
-        back = tuple(sorted(range(rank), key=perm.__getitem__))
-        x = imp.add(Node(imp.fresh("flip_back"), "Permute", (t,), (back,), dtype, shape))
-    return x
 
 
 def input_gradient(
@@ -97,7 +75,7 @@ def input_gradient(
     merged = (groups * c_in, k_out // groups, kh, kw)
     wt = imp.add(Node(imp.fresh("dgrad_wm"), "View", (wt,), (merged,), dtype, merged))
     if flip:
-        wt = _flipped(imp, wt, (2, 3))
+        wt = flip_axes(imp, wt, [d for d, k in ((2, kh), (3, kw)) if k > 1])
     attrs = ((1, 1), (0, 0), tuple(dilation), groups)
     return imp.add(Node(imp.fresh("dgrad"), "Conv2dNoBias", (g, wt), attrs, dtype, tuple(in_shape)))
 

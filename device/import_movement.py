@@ -102,29 +102,36 @@ def _h_flip(imp: Importer, node: torch.fx.Node):
     if rank == 0 or not all(type(d) is int and -rank <= d < rank for d in dims):
         return None
     axes = sorted({d % rank for d in dims if xn.shape[d % rank] > 1})
-    cur = xn.name
     if not axes:  # nothing moves: the same values
         return imp.add(
-            Node(node.name, "View", (cur,), (tuple(shape),), dtype, tuple(shape)), node.name
+            Node(node.name, "View", (xn.name,), (tuple(shape),), dtype, tuple(shape)), node.name
         )
+    return flip_axes(imp, xn.name, axes, node.name)
+
+
+def flip_axes(imp: Importer, x: str, axes: list[int], fx: str | None = None) -> str:
+    """``x`` reversed along ``axes`` (each of more than one element): per axis, a take of
+    its slices by the constant index n-1, ..., 0, the axis brought first and back. ``fx``:
+    the FX node the last step stands for (it takes that name)."""
+    xn = imp.g.nodes[x]
+    rank, dtype, shape = len(xn.shape), xn.dtype, tuple(xn.shape)
+    cur = x
     for i, dim in enumerate(axes):
-        n, last = xn.shape[dim], i == len(axes) - 1
+        n, last = xn.shape[dim], i == len(axes) - 1 and fx is not None
         rev = imp.add(
             Node(imp.fresh("flip_index"), "Arange", (), (n - 1, -1, n, "i64"), "i64", (n,))
         )
         if dim == 0:
-            name = node.name if last else imp.fresh("flip")
-            cur = take_rows(imp, cur, rev, name, tuple(shape), node.name if last else None)
+            name = fx if last else imp.fresh("flip")
+            cur = take_rows(imp, cur, rev, name, shape, fx if last else None)
             continue
         perm = (dim, *(d for d in range(rank) if d != dim))
         moved = tuple(xn.shape[d] for d in perm)
         p = imp.add(Node(imp.fresh("flip_first"), "Permute", (cur,), (perm,), dtype, moved))
         t = take_rows(imp, p, rev, imp.fresh("flip"), moved)
         back = tuple(sorted(range(rank), key=perm.__getitem__))
-        name = node.name if last else imp.fresh("flip_back")
-        cur = imp.add(
-            Node(name, "Permute", (t,), (back,), dtype, tuple(shape)), node.name if last else None
-        )
+        name = fx if last else imp.fresh("flip_back")
+        cur = imp.add(Node(name, "Permute", (t,), (back,), dtype, shape), fx if last else None)
     return cur
 
 
