@@ -14,6 +14,7 @@ import torch.fx
 from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import Node, float_bits
 
+from .import_conv_backward import input_gradient
 from .import_core import MARKERS, Importer, fake_value, handles, tensor_type
 from .import_library import only_first_result_used
 
@@ -322,8 +323,6 @@ def _h_avg_pool2d_backward(imp: Importer, node: torch.fx.Node):
     window of ones per channel (``import_conv_backward.input_gradient``). PyTorch's kernels
     divide first and add the quotients too (in float32 for half types, rounded once: so
     here). Other pools stay PyTorch's op."""
-    from .import_conv_backward import input_gradient
-
     grad, _x, kernel, stride, padding, ceil_mode, include_pad, divisor = node.args[:8]
     if node.kwargs or ceil_mode or divisor is not None or not isinstance(grad, torch.fx.Node):
         return None

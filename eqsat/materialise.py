@@ -14,7 +14,7 @@ import heapq
 
 from . import optable as ot
 from .egraph import EGraphView
-from .extract import Choice, CostModel, _check_roots, _Extractor, program_cost
+from .extract import Choice, CostModel, _check_roots, _Extractor
 
 
 class _LiveProgram:
@@ -34,8 +34,9 @@ class _LiveProgram:
         self.roots = set(roots)
         self.refs = _references(best, roots)
         self.members = set(self.refs) | self.roots
-        self.cost = program_cost(best, roots)
-        self.missing = sum(1 for c in self.members if c not in best)  # members unchosen
+        chosen = [best[c] for c in self.members if c in best]
+        self.cost = sum(ch.own for ch in chosen if not ch.expr)  # ``program_cost``'s sum
+        self.missing = len(self.members) - len(chosen)  # members with no choice
         self.touched: set[int] = set()  # classes whose count or choice changed
 
     def _enter(self, cid: int) -> None:

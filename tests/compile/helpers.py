@@ -44,3 +44,26 @@ def compile_and_compare(model_or_fn, *inputs, rtol=1e-5, atol=1e-5, options=None
 
 def last_compiled() -> backend.CompiledGraph:
     return next(reversed(backend.CACHE.items.values()))
+
+
+def traced_step(fn, *inputs) -> list[torch.fx.GraphModule]:
+    """The forward and backward FX graphs AOTAutograd makes of ``fn(*inputs)`` with saturn's
+    decompositions (the graphs saturn's backend is handed), traced and run on the CPU with
+    no compiler: the backward of the first output's float sum."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from saturn import decompositions
+
+    graphs = []
+
+    def capture(gm, _example):
+        graphs.append(gm)
+        return gm.forward
+
+    traced = aot_autograd(
+        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
+    )
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=traced, dynamic=False)(*inputs)
+    (out[0] if isinstance(out, tuple | list) else out).float().sum().backward()
+    return graphs

@@ -11,6 +11,8 @@ import torch
 
 from saturn import backend
 
+from .helpers import traced_step
+
 # in channels, out channels, kernel, stride, padding, dilation, bias, input (N, H, W), groups
 CONVS = {
     "3x3-same": (3, 4, 3, 1, 1, 1, True, (2, 8, 8)),
@@ -94,23 +96,9 @@ def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtyp
     """Without a GPU: a small CNN's backward graph (strided, 1x1, depthwise and grouped
     convolutions, a bias), imported and compiled for the GPU machine in float32 and in
     bfloat16, has no host step and no crossing: every gradient is a device kernel."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    from saturn import decompositions
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
-    programs = []
-
-    def capture(gm, _example):
-        graph = import_graph(gm, replacements=True).graph
-        programs.append(compile_graph(graph, machine="gpu", io_on_device=True).program)
-        return gm.forward
-
-    backend_ = aot_autograd(
-        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
-    )
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False),
@@ -120,7 +108,12 @@ def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtyp
         torch.nn.Conv2d(4, 4, 3, 1, 1, groups=2),
     ).to(dtype)
     x = torch.randn(2, 3, 12, 12, dtype=dtype, requires_grad=True)
-    torch.compile(model, backend=backend_, dynamic=False)(x).float().sum().backward()
+    programs = [
+        compile_graph(
+            import_graph(gm, replacements=True).graph, machine="gpu", io_on_device=True
+        ).program
+        for gm in traced_step(model, x)
+    ]
     assert len(programs) == 2
     backward = programs[1]
     assert backward.count("host") == 0 and backward.count("crossing") == 0, backward.to_text()

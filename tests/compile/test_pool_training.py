@@ -160,3 +160,21 @@ def test_an_avg_pool_backward_leaving_padding_out_of_the_count_stays_pytorchs_op
     torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-6, atol=1e-6)
     hosts = [s.op.split("#")[0] for p in _programs("saturn:0") for s in p.steps if s.kind == "host"]
     assert "aten.avg_pool2d_backward.default" in hosts, hosts
+
+
+def test_a_max_pool_whose_window_is_too_large_keeps_its_indices_call():
+    """Past POOL_WINDOW_LIMIT window elements (a 9x9 window: 81) the fold declines: the
+    op stays PyTorch's call, indices and values as eager's."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 12, 12)
+    want_v, want_i = functional.max_pool2d(x, 9, 1, 0, return_indices=True)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    g = torch.compile(
+        lambda t: functional.max_pool2d(t, 9, 1, 0, return_indices=True), backend="saturn"
+    )
+    got_v, got_i = g(x.to("saturn:0"))
+    assert torch.equal(got_i.cpu(), want_i) and torch.equal(got_v.cpu(), want_v)
+    (prog,) = _programs("saturn:0")
+    hosts = [s.op.split("#")[0] for s in prog.steps if s.kind == "host" and s.op != "Item"]
+    assert hosts == ["aten.max_pool2d_with_indices.default"], prog.to_text()

@@ -13,6 +13,8 @@ import torch
 import saturn
 from saturn import backend
 
+from ..compile.helpers import traced_step
+
 DEV = "saturn:0"
 
 
@@ -369,29 +371,16 @@ def test_a_training_graph_text_reads_back_as_the_same_graph():
     backward) are read through ``Item`` nodes: the graph's text, as the compile cache keys
     it and ``python -m saturn.eqsat`` replays it, reads back to the same text and compiles
     to the same program."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    from saturn import decompositions
     from saturn.eqsat.graph import parse_graph
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
-    graphs = []
-
-    def capture(gm, _example):
-        graphs.append(import_graph(gm, replacements=True).graph)
-        return gm.forward
-
-    backend_ = aot_autograd(
-        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
-    )
-    torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.ConvTranspose2d(3, 4, 3, 2), torch.nn.Flatten(), torch.nn.Linear(4 * 9 * 9, 2)
     )
     x = torch.randn(2, 3, 4, 4, requires_grad=True)
-    torch.compile(model, backend=backend_, dynamic=False)(x).sum().backward()
+    graphs = [import_graph(gm, replacements=True).graph for gm in traced_step(model, x)]
     assert len(graphs) == 2
     texts = [g.to_text() for g in graphs]
     assert any("(Item " in t for t in texts), texts
@@ -449,31 +438,18 @@ def test_half_table_gradient_adds_on_the_gpu_in_float32():
     """Without a GPU: the backward of a bfloat16 table read at repeated indices (Swin's
     relative position bias: index_put with accumulate) compiled for the GPU machine is a
     float32 row add between two casts, no host step; for saturn:0 the op keeps its type."""
-    from torch._dynamo.backends.common import aot_autograd
-
-    from saturn import decompositions
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
-    graphs = {}
-
-    def capture(gm, _example):
-        graphs.setdefault("gpu", []).append(import_graph(gm, replacements=True).graph)
-        graphs.setdefault("cpu", []).append(import_graph(gm, replacements=False).graph)
-        return gm.forward
-
-    backend_ = aot_autograd(
-        fw_compiler=capture, bw_compiler=capture, decompositions=decompositions.table()
-    )
-    torch._dynamo.reset()
     table = torch.randn(10, 4, dtype=torch.bfloat16, requires_grad=True)
     idx = torch.tensor([1, 3, 1, 7, 3, 3])
 
     def read(t, i):
         return t[i] * 2
 
-    torch.compile(read, backend=backend_, dynamic=False)(table, idx).float().sum().backward()
-    gpu, cpu = graphs["gpu"][-1], graphs["cpu"][-1]
+    backward = traced_step(read, table, idx)[-1]
+    gpu = import_graph(backward, replacements=True).graph
+    cpu = import_graph(backward, replacements=False).graph
     adds = [n for n in gpu.nodes.values() if n.op == "IndexAdd"]
     assert [n.dtype for n in adds] == ["f32"], gpu.to_text()
     assert [n.dtype for n in cpu.nodes.values() if n.op == "IndexAdd"] == ["bf16"]
