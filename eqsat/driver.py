@@ -72,7 +72,10 @@ def emit_dot(c: Compiled) -> str:
     for cid, enodes in sorted(c.view.classes.items()):
         for i, en in enumerate(enodes):
             for k in en.kids:
-                lines.append(f"  n{cid}_{i} -> n{k}_0 [lhead=cluster_{k}];")
+                # an e-node reading its own class (a cycle the e-graph holds) has no cluster
+                # edge to draw: graphviz cannot clip an edge to the cluster it starts in
+                head = "" if k == cid else f" [lhead=cluster_{k}]"
+                lines.append(f"  n{cid}_{i} -> n{k}_0{head};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -362,8 +362,12 @@ class _Reader:
             if not items:
                 raise GraphError("(output NAME ...) needs at least one name", head.loc)
             for it in items:
-                if not isinstance(it, Tok) or it.text not in self.graph.nodes:
-                    raise GraphError(f"output {getattr(it, 'text', it)!r} is not defined", _loc(it))
+                if not isinstance(it, Tok):
+                    raise GraphError(
+                        "(output NAME ...) takes names: bind a term with let", _loc(it)
+                    )
+                if it.text not in self.graph.nodes:
+                    raise GraphError(f"output {it.text!r} is not defined", _loc(it))
                 self.graph.outputs.append(it.text)
         else:
             raise GraphError(f"unknown statement {kw!r}", head.loc)

@@ -90,6 +90,7 @@ def test_bad_rule_file_exits_2_with_file_and_line(tmp_path):
         ),
         ("(input x f32 [2])\n(input y i32 [2])\n(let r (Add x y))\n(output r)\n", "insert a Cast"),
         ("(input x f32 [2])\n(let r (Relu x))\n", "no (output"),
+        ("(input x f32 [2])\n(output (Relu x))\n", "takes names: bind a term with let"),
         ("(input x q8 [2])\n(output x)\n", "unknown dtype"),
         ("(let i (Arange 0 1 4096 f16))\n(output i)\n", "not exact in f16"),
         ("(let i (Arange 0 1 4 i64 7))\n(output i)\n", "Arange takes 4 arguments"),
@@ -128,3 +129,36 @@ def test_the_command_line_imports_neither_torch_nor_the_device():
     assert "saturn.eqsat.driver" in imported
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
     assert "saturn._package" not in imported
+
+
+def test_dot_draws_what_graphviz_lays_out_and_marks_one_node_per_used_class():
+    """Every edge into another class is clipped to that class's cluster; an e-node reading
+    its own class (a cycle) is drawn without clipping, which graphviz cannot do inside the
+    cluster the edge starts in. One e-node is marked in each class the program reads."""
+    import re
+    import shutil
+
+    from saturn.eqsat.driver import emit_dot
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.pipeline import compile_graph
+
+    text = """
+(input x f32 [4 16])
+(param b f32 [16])
+(let z (Add (Relu (Add (Mul x (Scalar 1.0 f32)) b)) (Scalar 0.0 f32)))
+(let p (Softmax z 1))
+(output p)
+"""
+    c = compile_graph(parse_graph(text, "g"), machine="gpu", io_on_device=True)
+    dot = emit_dot(c)
+    edges = re.findall(r"n(\d+)_\d+ -> n(\d+)_0( \[lhead=cluster_(\d+)\])?;", dot)
+    assert edges
+    assert any(a == b for a, b, *_ in edges), "the e-graph holds a cycle; the test needs one"
+    for a, b, clip, head in edges:
+        assert (a == b) == (not clip)
+        assert not clip or head == b
+    marked = re.findall(r"n(\d+)_\d+ \[label=[^]]*bold,filled", dot)
+    assert len(marked) == len(set(marked)) > 0
+    if shutil.which("dot"):
+        done = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True)
+        assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
