@@ -11,6 +11,12 @@ every dtype of ``DTYPES``:
    largest finite values, ordinary numbers; integer extremes for integer dtypes;
 3. results must agree bit for bit (NaN with NaN, -0.0 with -0.0).
 
+A rule with attribute variables (``(rewrite (View (Neg x) s) (Neg (View x s)))``: ``s`` sits
+where the op table puts an attribute) is checked on inputs of shape ``SHAPED`` instead,
+its variables bound to values from ``ATTR_VALUES`` that make both sides graphs (the graph
+parser's shape checks decide), at most ``MAX_BINDINGS`` bindings, each input filled with
+the special values in several orders.
+
 A counterexample names the rule, its file and line, the dtype, the inputs and both results.
 Rules of other forms are listed as not checked, with the reason."""
 
@@ -22,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import optable
 from .egraph import Bounds
 from .errors import EqsatError
 from .evaluate import eval_graph, np_dtype
@@ -29,6 +36,15 @@ from .graph import Graph, bits_float, parse_graph, read_sexprs
 
 DTYPES = ("f16", "f32", "f64", "i32", "i64")
 MAX_CASES = 400  # input combinations per rule and dtype (all of them for one or two inputs)
+SHAPED = (2, 3)  # the inputs' shape where a rule has attribute variables
+# candidate values of an attribute variable, by the op table's attribute kind: integers
+# (dims, slice bounds, steps, flags) and integer lists (shapes, permutations, dims)
+ATTR_VALUES = {
+    "int": ("0", "1", "2", "3", "-1"),
+    "ints": ("[6]", "[3 2]", "[2 3]", "[1 6]", "[4 2 3]", "[1 0]", "[0 1]", "[1]", "[2 1 3]"),
+}
+MAX_BINDINGS = 6  # attribute bindings tried per rule and dtype
+FILLS = 24  # orders of the special values an input of shape SHAPED is filled with
 
 
 def special_values(dtype: str) -> list:
@@ -53,6 +69,7 @@ class Rule:
     lhs: object  # s-expression
     rhs: object
     dvars: frozenset[str] = frozenset()  # variables a guard binds to a dtype
+    guarded: bool = False  # a (rule ...) with guards; a (rewrite L R) fires wherever L is
 
     @property
     def where(self) -> str:
@@ -120,7 +137,7 @@ def read_rules(path: Path) -> tuple[list[Rule], list[str]]:
                 for q in query[1]
                 if _head(q) == "=" and not isinstance(q[1][1], tuple) and _head(q[1][2]) == "dtype"
             )
-            rules.append(Rule(name, path, line, lhs[0][1][2], union[2], dvars))
+            rules.append(Rule(name, path, line, lhs[0][1][2], union[2], dvars, True))
         else:
             skipped.append(f"{name} ({path}:{line}): not (= e L) ... ((union e R))")
     return rules, skipped
@@ -133,9 +150,10 @@ def _is_kw(t) -> bool:
 _NOT_GRAPH = {"Loop", "Reduce", "Ld", "ToDev", "ToHost", "Inline", "Custom", "TCons", "TNil"}
 
 
-def _graph_term(x, dtype: str, dvars: set[str]) -> str:
-    """An s-expression of the rule as a graph term: dtype variables bound, scalars written
-    as numbers (a rule's integer there is float64 bits)."""
+def _graph_term(x, dtype: str, dvars: set[str], bound: dict[str, str] | None = None) -> str:
+    """An s-expression of the rule as a graph term: dtype variables bound, attribute
+    variables replaced by ``bound``'s values, scalars written as numbers (a rule's integer
+    there is float64 bits)."""
     if isinstance(x, tuple) and x[0] == "[":
         return _text(x)
     if isinstance(x, tuple):
@@ -145,19 +163,24 @@ def _graph_term(x, dtype: str, dvars: set[str]) -> str:
             if v.lstrip("-").isdigit():
                 v = repr(bits_float(int(v)))
             return f"(Scalar {v} {dtype})"
-        return "(" + " ".join(_graph_term(i, dtype, dvars) for i in items) + ")"
+        return "(" + " ".join(_graph_term(i, dtype, dvars, bound) for i in items) + ")"
     if x.text in dvars:
         return dtype
+    if bound and not x.quoted and x.text in bound:
+        return bound[x.text]
     return f'"{x.text}"' if x.quoted else x.text
 
 
-def _vars(rule: Rule) -> tuple[list[str], set[str], str]:
-    """(tensor variables, dtype variables, why the rule cannot be checked or "")."""
+def _vars(rule: Rule) -> tuple[list[str], set[str], dict[str, str], str]:
+    """(tensor variables, dtype variables, attribute variables with their kind, why the
+    rule cannot be checked or ""). A variable is an attribute where the op table puts one
+    (after the op's tensor operands)."""
     heads = {a.text for a in _atoms(rule.lhs) + _atoms(rule.rhs)}
     if heads & _NOT_GRAPH:
-        return [], set(), "a side is a device program (loop bodies, crossings)"
+        return [], set(), {}, "a side is a device program (loop bodies, crossings)"
     dvars: set[str] = set(rule.dvars)
     tensors: list[str] = []
+    attrs: dict[str, str] = {}
     for side in (rule.lhs, rule.rhs):
         stack = [side]
         while stack:
@@ -168,19 +191,24 @@ def _vars(rule: Rule) -> tuple[list[str], set[str], str]:
             if _head(x) == "Scalar" and len(items) == 3 and not isinstance(items[2], tuple):
                 dvars.add(items[2].text)
                 continue
-            for a in items[1:]:
+            row = optable.BY_NAME.get(_head(x))
+            for i, a in enumerate(items[1:]):
                 if isinstance(a, tuple):
                     stack.append(a)
                 elif a.text[:1].islower() and not a.quoted and side is rule.lhs:
-                    if a.text not in tensors and a.text not in dvars:
+                    kind = row.attrs[i - row.arity][1] if row and i >= row.arity else ""
+                    if kind in ATTR_VALUES:
+                        attrs.setdefault(a.text, kind)
+                    elif a.text not in tensors and a.text not in dvars:
                         tensors.append(a.text)
     if not tensors:
-        return [], dvars, "no tensor variable"
-    return tensors, dvars - set(tensors), ""
+        return [], dvars, attrs, "no tensor variable"
+    return tensors, dvars - set(tensors), attrs, ""
 
 
-def _graph(term: str, tensors: list[str], dtype: str) -> str:
-    ins = "".join(f"(input {v} {dtype} [])\n" for v in tensors)
+def _graph(term: str, tensors: list[str], dtype: str, shape: tuple[int, ...] = ()) -> str:
+    dims = " ".join(map(str, shape))
+    ins = "".join(f"(input {v} {dtype} [{dims}])\n" for v in tensors)
     return f"{ins}(let result {term})\n(output result)\n"
 
 
@@ -203,50 +231,99 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def check_rule(rule: Rule) -> tuple[str, list[str]]:
-    """("" or why not checked, counterexamples)."""
-    tensors, dvars, why = _vars(rule)
-    if why:
-        return why, []
-    found: list[str] = []
-    fired_any = False
-    not_terms = ""
-    for dtype in DTYPES:
-        lhs_text = _graph(_graph_term(rule.lhs, dtype, dvars), tensors, dtype)
-        try:
-            lhs = parse_graph(lhs_text)
-            rhs_term = _graph_term(rule.rhs, dtype, dvars)
-            rhs = None if rhs_term in tensors else parse_graph(_graph(rhs_term, tensors, dtype))
-        except EqsatError as e:  # not a term of this dtype (Div of integers): the next one
-            not_terms = f"its sides are not graph terms ({str(e).splitlines()[0]})"
-            continue
-        try:
-            if not _fires(rule, lhs):
-                continue  # the guards decline this dtype
-        except EqsatError as e:
-            found.append(f"{rule.name} ({rule.where}) {dtype}: saturation failed: {e}")
-            continue
-        except Exception as e:  # a term the checker built wrongly, not the rule's fault
-            return f"its left side does not compile as a graph ({type(e).__name__}: {e})", []
-        fired_any = True
-        values = special_values(dtype)
+def _bindings(attrs: dict[str, str]) -> list[dict[str, str]]:
+    """Every assignment of candidate values to the attribute variables (the graph parser
+    rejects the ones that do not fit the inputs' shape)."""
+    names = sorted(attrs)
+    pools = [ATTR_VALUES[attrs[n]] for n in names]
+    return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*pools)]
+
+
+def _inputs(tensors: list[str], dtype: str, shape: tuple[int, ...]) -> list[dict]:
+    """Input combinations: every pair of special values at rank 0 (a sample past
+    MAX_CASES); with a shape, FILLS orders of the special values per input."""
+    values = special_values(dtype)
+    rng = np.random.default_rng(0)
+    if not shape:
         combos = list(itertools.product(values, repeat=len(tensors)))
         if len(combos) > MAX_CASES:
-            rng = np.random.default_rng(0)
             combos = [combos[i] for i in rng.choice(len(combos), MAX_CASES, replace=False)]
-        with np.errstate(all="ignore"):
-            for combo in combos:
-                inputs = {v: np.array(x) for v, x in zip(tensors, combo, strict=True)}
-                (want,) = eval_graph(lhs, inputs)
-                got = inputs[rhs_term] if rhs is None else eval_graph(rhs, inputs)[0]
-                if not _same(want, got):
-                    args = ", ".join(f"{v}={x!r}" for v, x in inputs.items())
-                    found.append(
-                        f"{rule.name} ({rule.where}) {dtype}: {args}: left {want!r}, right {got!r}"
-                    )
-                    break
+        return [{v: np.array(x) for v, x in zip(tensors, c, strict=True)} for c in combos]
+    n = int(np.prod(shape))
+    pool = np.array(values)
+    return [
+        {v: rng.choice(pool, n).reshape(shape).astype(pool.dtype) for v in tensors}
+        for _ in range(FILLS)
+    ]
+
+
+def _show(x: np.ndarray) -> str:
+    return repr(x) if x.ndim == 0 else f"{x.tolist()} ({x.dtype})"
+
+
+def _counterexample(lhs: Graph, rhs_term: str, rhs: Graph | None, cases: list[dict]) -> str:
+    """The first inputs on which the two sides differ, with both results ("" if none)."""
+    with np.errstate(all="ignore"):
+        for inputs in cases:
+            (want,) = eval_graph(lhs, inputs)
+            got = inputs[rhs_term] if rhs is None else eval_graph(rhs, inputs)[0]
+            if not _same(want, got):
+                args = ", ".join(f"{v}={_show(x)}" for v, x in inputs.items())
+                return f"{args}: left {_show(np.asarray(want))}, right {_show(np.asarray(got))}"
+    return ""
+
+
+def check_rule(rule: Rule) -> tuple[str, list[str]]:
+    """("" or why not checked, counterexamples)."""
+    tensors, dvars, attrs, why = _vars(rule)
+    if why:
+        return why, []
+    shape = SHAPED if attrs else ()
+    found: list[str] = []
+    fired_any = built_any = False
+    not_terms = ""
+    for dtype in DTYPES:
+        pairs = []  # (binding, left graph, right term, right graph or None)
+        for bound in _bindings(attrs):
+            try:
+                lhs = parse_graph(
+                    _graph(_graph_term(rule.lhs, dtype, dvars, bound), tensors, dtype, shape)
+                )
+                rhs_term = _graph_term(rule.rhs, dtype, dvars, bound)
+                rhs = (
+                    None
+                    if rhs_term in tensors
+                    else parse_graph(_graph(rhs_term, tensors, dtype, shape))
+                )
+            except EqsatError as e:  # not a term of this dtype or shape: the next one
+                not_terms = not_terms or f"its sides are not graph terms ({str(e).splitlines()[0]})"
+                continue
+            pairs.append((bound, lhs, rhs_term, rhs))
+            built_any = True
+            if len(pairs) == MAX_BINDINGS:
+                break
+        for n, (bound, lhs, rhs_term, rhs) in enumerate(pairs):
+            try:
+                # a rewrite without guards fires wherever its left side is: asked once
+                if (n == 0 or rule.guarded) and not _fires(rule, lhs):
+                    if not rule.guarded:
+                        break
+                    continue  # the guards decline this dtype
+            except EqsatError as e:
+                found.append(f"{rule.name} ({rule.where}) {dtype}: saturation failed: {e}")
+                continue
+            except Exception as e:  # a term the checker built wrongly, not the rule's fault
+                return f"its left side does not compile as a graph ({type(e).__name__}: {e})", []
+            fired_any = True
+            at = "".join(f" {k}={v}" for k, v in bound.items())
+            bad = _counterexample(lhs, rhs_term, rhs, _inputs(tensors, dtype, shape))
+            if bad:
+                found.append(f"{rule.name} ({rule.where}) {dtype}{at}: {bad}")
+                break  # one per dtype: the first binding that shows it
     if not fired_any:
-        return not_terms or "it fired for none of " + ", ".join(DTYPES) + " on rank-0 inputs", []
+        where = f"inputs of shape {list(shape)}" if shape else "rank-0 inputs"
+        declined = "it fired for none of " + ", ".join(DTYPES) + f" on {where}"
+        return (declined if built_any else not_terms), []
     return "", found
 
 

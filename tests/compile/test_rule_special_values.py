@@ -133,6 +133,10 @@ CASES: dict[str, Case] = {
     "relu-idempotent": Case(lambda x: torch.relu(torch.relu(x)) * 2, flat, FLOATS),
     "cast-same": Case(lambda x: torch.neg(x.clone()), flat, FLOATS),
     "view-view": Case(lambda x: x.view(17, 1).view(1, 17) * 2, flat, FLOATS),
+    "neg-below-slice": Case(lambda x: (-x)[3:11] * 2, flat, FLOATS),
+    "neg-below-view": Case(lambda x: (-x).view(17, 1) * 2, flat, FLOATS),
+    "neg-below-expand": Case(lambda x: (-x).expand(3, 17) * 2, flat, FLOATS),
+    "neg-below-permute": Case(lambda x: (-x.view(1, 17)).t() * 2, flat, FLOATS),
     # decompose
     "softmax": Case(lambda x: F.softmax(x, -1), lambda d: [rows(d)], WIDE),
     "log-softmax": Case(lambda x: F.log_softmax(x, -1), lambda d: [rows(d)], WIDE),

@@ -54,3 +54,37 @@ def test_a_broken_rule_file_exits_2(tmp_path, capsys):
     f.write_text("(rule ((= e (Mul x y))\n")
     assert main(["check", str(f)]) == 2
     assert str(f) in capsys.readouterr().err
+
+
+ATTRIBUTES = """(ruleset mine)
+;; unsound: a flat view of a transposed matrix reads its elements in another order
+(rewrite (View (Permute x p) s) (View x s) :ruleset mine :name "view-forgets-permute")
+;; sound: negation is elementwise, a slice only picks elements
+(rewrite (Slice (Neg x) d a b k) (Neg (Slice x d a b k)) :ruleset mine :name "neg-slice-again")
+"""
+
+
+def test_rules_with_attribute_variables_are_checked_on_shaped_inputs(tmp_path):
+    """Variables where the op table puts attributes (a shape, a permutation, slice bounds)
+    are bound to values that fit inputs of shape SHAPED; the counterexample names them."""
+    f = tmp_path / "attrs.egg"
+    f.write_text(ATTRIBUTES)
+    report = check_files([f])
+    assert sorted(report.checked) == ["neg-slice-again", "view-forgets-permute"]
+    assert report.skipped == []
+    found = report.counterexamples
+    assert len(found) == 5  # one per dtype, the first binding that shows it
+    assert all(c.startswith(f"view-forgets-permute ({f}:3) ") for c in found)
+    assert "p=[1 0]" in found[0] and "x=[[" in found[0]
+
+
+def test_an_attribute_rule_that_never_fits_says_so(tmp_path):
+    f = tmp_path / "never.egg"
+    # a slice of dim 7 fits no input of rank 2, whatever the bounds
+    f.write_text(
+        "(ruleset mine)\n"
+        '(rewrite (Slice (Neg x) 7 a b k) (Neg (Slice x 7 a b k)) :ruleset mine :name "far")\n'
+    )
+    report = check_files([f])
+    assert report.checked == [] and len(report.skipped) == 1
+    assert "not graph terms" in report.skipped[0] and "dim 7" in report.skipped[0]

@@ -29,6 +29,10 @@ CASES = [
     ("cast-same", "(input x f32 [4])\n(let r (Cast x f32))", True),
     ("cast-same", "(input x f32 [4])\n(let r (Cast (Cast x f64) f32))", False),
     ("view-view", "(input x f32 [2 6])\n(let r (View (View x [12]) [2 6]))", None),
+    ("neg-below-slice", "(input x f32 [2 6])\n(let r (Slice (Neg x) 1 0 3 1))", None),
+    ("neg-below-view", "(input x f32 [2 6])\n(let r (View (Neg x) [12]))", None),
+    ("neg-below-expand", "(input x f32 [1 6])\n(let r (Expand (Neg x) [4 6]))", None),
+    ("neg-below-permute", "(input x f32 [2 6])\n(let r (Permute (Neg x) [1 0]))", None),
 ]
 
 
@@ -53,3 +57,18 @@ def test_relu_of_relu_is_relu_and_not_x():
     sat.run()
     view = sat.snapshot()
     assert view.named["r"] == view.named["a"] and view.named["a"] != view.named["x"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(let r (Slice (Abs x) 1 0 3 1))",  # not a negation
+        "(let r (Sum (Neg x) [1] 0))",  # not a movement op: a reduction
+        "(let r (Neg (Slice x 1 0 3 1)))",  # already below: nothing moves up
+    ],
+)
+def test_negation_sinks_only_below_movement_ops(text):
+    graph = parse_graph("(input x f32 [2 6])\n" + text + "\n(output r)\n")
+    report = Saturation(graph).run()
+    fired = {k: n for k, n in report.rule_totals().items() if k.startswith("neg-below") and n}
+    assert not fired, fired
