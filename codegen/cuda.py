@@ -33,6 +33,7 @@ import numpy as np
 from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel
 
+from . import cuda_rows
 from .concat import (  # noqa: F401 (read through this module)
     concat_pieces,
     concat_source,
@@ -139,10 +140,38 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tup
     return "\n".join(lines), params
 
 
+# Generated kernels by structure: a model's repeated layers hold the same kernels under
+# other value names (a 250-block transformer: 1,676 kernels, 142 sources), generated once.
+_GENERATED: dict[str, Generated] = {}
+_GENERATED_MAX = 4096
+
+
+def structure(k: Kernel) -> str:
+    """Everything of ``k`` the emitters read: all but the names of its values and of the
+    graph nodes it covers (the same text for the same kernel in another layer)."""
+    inputs = [(o.dtype, o.shape, o.indexing) for o in k.inputs]
+    attrs = sorted(k.attrs.items())
+    return repr((k.kind, k.dtype, k.shape, inputs, k.body, k.domain, attrs, k.epilogue, k.stages))
+
+
 def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Generated:
     """The kernel for ``k``; loops use ``lanes``-wide vector accesses (default: as wide as
     the operands allow), reductions ignore it; ``narrow`` loops and reductions divide
-    their index (strided and broadcast operands) in 32-bit arithmetic."""
+    their index (strided and broadcast operands) in 32-bit arithmetic. Made once per
+    structure (``structure``) and reused; treat the result as read-only."""
+    # the rows emitter's tunables too (the simulator's tests and bench/cuda_sources.py set them)
+    tunables = (cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES)
+    key = f"{structure(k)}|{lanes}|{narrow}|{tunables}"
+    g = _GENERATED.get(key)
+    if g is None:
+        g = _generate(k, lanes, narrow)
+        if len(_GENERATED) >= _GENERATED_MAX:
+            _GENERATED.pop(next(iter(_GENERATED)))  # the oldest: a bound, not a policy
+        _GENERATED[key] = g
+    return g
+
+
+def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_ops_named(k)}{_digest(k, lanes, narrow)}"

@@ -283,6 +283,7 @@ def fuse_rows(prog: Program) -> Program:
     users = _users(prog)
     outputs = set(prog.outputs)
     by_output = {s.output: s for s in prog.steps}
+    position = {s.output: i for i, s in enumerate(prog.steps)}
     gone: set[str] = set()
     fused: dict[str, Step] = {}
     for s in prog.steps:
@@ -308,7 +309,7 @@ def fuse_rows(prog: Program) -> Program:
                     changed = True
         if not group:
             continue
-        order = [st for st in prog.steps if st.output in group]
+        order = [by_output[v] for v in sorted(group, key=position.__getitem__)]
         fused[s.output] = _rows_step(s, order)
         gone |= group
     if not fused:

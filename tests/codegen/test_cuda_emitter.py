@@ -395,3 +395,41 @@ def test_a_broadcast_axis_is_never_the_fastest():
     assert cg.fastest_axis((2, 3, 4, 5, 8), (120, 8, 0, 24, 1)) == 4
     assert cg.fastest_axis((2, 3, 4), (0, 1, 3)) == 1  # a real transpose still is one
     assert cg.fastest_axis((2, 3), (0, 0)) == 1  # all broadcast: the fill's case
+
+
+def test_a_repeated_layers_kernels_are_generated_once():
+    """Two blocks of one transformer hold the same kernels under other value names: each is
+    generated once and shared (``generate`` keys on ``structure``). A change the emitter
+    reads (an operand's shape, a rows tunable) is another kernel; the shared result is the
+    one generating afresh gives."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "eqsat_transformer", Path(__file__).resolve().parents[2] / "bench" / "eqsat_transformer.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    c = compile_graph(parse_graph(bench.transformer_text(2)), machine="gpu", io_on_device=True)
+    kernels = [k for k in c.program.kernels if k.kind in ("loop", "reduce", "rows")]
+    by_structure: dict[str, list] = {}
+    for k in kernels:
+        by_structure.setdefault(cg.structure(k), []).append(k)
+    pairs = [ks for ks in by_structure.values() if len(ks) > 1]
+    assert pairs, "the two blocks share no kernel"
+    for ks in pairs:
+        assert len({k.output for k in ks}) == len(ks)  # other names, one structure
+        assert all(cg.generate(k) is cg.generate(ks[0]) for k in ks)
+        assert cg.generate(ks[0]).source == cg._generate(ks[-1], None, False).source
+    k = pairs[0][0]
+    wider = dataclasses.replace(
+        k, inputs=[dataclasses.replace(o, shape=(*o.shape[:-1], 3)) for o in k.inputs]
+    )
+    assert cg.structure(wider) != cg.structure(k)
+    rows = next(k for k in kernels if k.kind == "rows")
+    base, old = cg.generate(rows), cuda_rows.ROW_REGISTERS
+    try:
+        cuda_rows.ROW_REGISTERS = 0
+        assert cg.generate(rows) is not base
+        assert cg.generate(rows).source == cg._generate(rows, None, False).source
+    finally:
+        cuda_rows.ROW_REGISTERS = old
