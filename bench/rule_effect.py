@@ -62,8 +62,10 @@ def run_one(name: str, rules: list[str], device: str, dtype: str, size: str, rou
     extra = {r.name for f in rules for r in read_rules(Path(f))[0]}
     row: dict = {"model": name, "device": device, "dtype": dtype, "size": size}
     fns = {}
+    torch._dynamo.reset()
+    # both variants stay compiled side by side (Dynamo keeps an entry per backend); a reset
+    # between them would make every later call of the first trace again
     for variant, options in (("without", {}), ("with", {"rules": rules})):
-        torch._dynamo.reset()
         before = set(backend.CACHE.items)
         fn = torch.compile(m, backend="saturn", options=options, dynamic=False)
         with torch.no_grad():
@@ -75,6 +77,8 @@ def run_one(name: str, rules: list[str], device: str, dtype: str, size: str, rou
             row["matches"] = {r: n for r, n in sorted(matches.items()) if r in extra and n}
         fns[variant] = fn
     times: dict[str, list[float]] = {"without": [], "with": []}
+    compiled = set(backend.CACHE.items)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
         for _ in range(3):  # warm both (CUDA-graph capture, caches)
             for fn in fns.values():
@@ -89,6 +93,10 @@ def run_one(name: str, rules: list[str], device: str, dtype: str, size: str, rou
                 times[variant].append(time.perf_counter() - t)
     for variant, ts in times.items():
         row[f"{variant}_s"] = statistics.median(ts)
+    # graphs traced or compiled while timing: none, or the times include compiles
+    row["recompiles"] = len(set(backend.CACHE.items) - compiled) + (
+        torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames
+    )
     return row
 
 
@@ -110,7 +118,7 @@ def main() -> None:
             f"{name:20s} {args.dtype} kernels {row['without_kernels']} -> {row['with_kernels']}"
             f"  per call {row['without_s'] * 1e6:.1f} -> {row['with_s'] * 1e6:.1f} us"
             f"  error {row['without_error']:.1e} / {row['with_error']:.1e}"
-            f"  matches {row['matches']}",
+            f"  matches {row['matches']}  recompiles {row['recompiles']}",
             flush=True,
         )
     if args.json:

@@ -79,23 +79,34 @@ class LibraryPlans:
                 return self._gemm_plan(k, lays, out, ptrs)
             return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
 
-        try:
-            return plan(ops)
-        except (GemmError, ConvError) as e:
-            packs = {
+        def packed_copies() -> dict[int, torch.Tensor]:
+            return {
                 i: torch.empty(t.shape, dtype=t.dtype, device=t.device)
                 for i, t in enumerate(ops)
                 if not t.is_contiguous()
             }
+
+        if k.kind == Kind.CONV:
+            # cuDNN takes strided operands without complaint but, handed a convolution
+            # backward's swapped weight (a permuted view), computed wrong values on the
+            # H200: a convolution's operands are planned packed, never strided
+            packs = packed_copies()
             if not packs:
-                raise
-            log.info(
-                "saturn: %s %s: %s; planned on packed copies of operands %s",
-                k.kind,
-                k.output,
-                str(e).splitlines()[0][:200],
-                sorted(packs),
-            )
+                return plan(ops)
+        else:
+            try:
+                return plan(ops)
+            except GemmError as e:
+                packs = packed_copies()
+                if not packs:
+                    raise
+                log.info(
+                    "saturn: %s %s: %s; planned on packed copies of operands %s",
+                    k.kind,
+                    k.output,
+                    str(e).splitlines()[0][:200],
+                    sorted(packs),
+                )
         for i, buf in packs.items():
             strided_copy(ops[i], buf)
         made = plan([packs.get(i, t) for i, t in enumerate(ops)])

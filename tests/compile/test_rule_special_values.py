@@ -309,6 +309,7 @@ STATISTICS = {
     "layer-norm",
     "var-population",
     "layer-norm-half",
+    "var-half",
     "rmsnorm",
     "rmsnorm-w-left",
     "rmsnorm-rsqrt-left",

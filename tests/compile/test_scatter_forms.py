@@ -85,6 +85,10 @@ CASES = {
 }
 
 
+def _one_nan(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(t.isnan(), torch.full_like(t, float("nan")), t)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The bit patterns of a float tensor (NaN payloads and zero signs included)."""
     if not t.dtype.is_floating_point:
@@ -161,7 +165,9 @@ def test_packed_as_strided_scatters_run_on_the_device(dev, name):
     s.view(-1)[:3] = torch.tensor([float("nan"), -0.0, float("inf")])
     xs = [torch.randn(base), s]
     got, _ = _run(fn, xs, dev)
-    assert torch.equal(_bits(got.cpu()), _bits(fn(*xs)))
+    # the NaN's payload after arithmetic is the hardware's (a GPU's add returns its
+    # canonical NaN, as eager CUDA's does): NaN positions compared, every other bit too
+    assert torch.equal(_bits(_one_nan(got.cpu())), _bits(_one_nan(fn(*xs))))
     prog = last_compiled().compiled.program
     assert prog.count("host") == 0, prog.to_text()
 
