@@ -145,6 +145,24 @@ def current_stream(device: DeviceLike = None) -> torch.Stream:
 default_stream = current_stream
 
 
+class stream:  # noqa: N801 - PyTorch's device modules name this context manager `stream`
+    """``with torch.saturn.stream(s):`` as ``torch.cuda.stream``: work issued inside runs
+    on ``s``. A saturn device has one stream (``torch.saturn.Stream()`` returns it), so
+    the stream current inside is the one outside; a stream of another device type is
+    refused rather than ignored. (FSDP2 issues its collectives' copies this way.)"""
+
+    def __init__(self, s: torch.Stream | None):
+        if s is not None and s.device.type != "saturn":
+            raise ValueError(f"torch.saturn.stream: {s} is a stream of {s.device}, not saturn")
+        self.s = s
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def Event(  # noqa: N802 - torch.cuda.Event's spelling
     enable_timing: bool = False,
     blocking: bool = False,
