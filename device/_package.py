@@ -29,10 +29,13 @@ from . import (  # noqa: E402, F401
     fused_attention,
     sdpa,
 )
-from .distributed import register as _register_process_group  # noqa: E402
 
-# torch.distributed's backend for the saturn device (init_process_group("saturn"))
-_register_process_group()
+# torch.distributed's backend for the saturn device (init_process_group("saturn")), where
+# torch was built with distributed
+if torch.distributed.is_available():
+    from .distributed import register as _register_process_group
+
+    _register_process_group()
 
 # The public names live in their modules; ``saturn/__init__.py`` binds them (or, after an
 # import of the compiler core alone, looks them up on first use): this module registers

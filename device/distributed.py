@@ -23,7 +23,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 NAME = "saturn"
 
@@ -68,6 +67,9 @@ class _Host:
 
 
 def _done(result) -> dist.Work:
+    # c10d's own completed work (imported here: a torch built without distributed has none)
+    from torch._C._distributed_c10d import _create_work_from_future
+
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)
