@@ -271,6 +271,31 @@ NOT_COMPUTING = {
 }
 
 
+# an elementwise op with a scalar, read through each movement op (simplify's
+# <op>-scalar-above-<move> and scalar-<op>-above-<move>; c / x imports as a reciprocal)
+_MOVES = {
+    "view": lambda t: t.view(17, 1),
+    "expand": lambda t: t.expand(3, 17),
+    "permute": lambda t: t.view(1, 17).t(),
+    "slice": lambda t: t[3:11],
+}
+_WITH_SCALAR = {
+    "add": (lambda t: t + 2.5, lambda t: torch.add(2.5, t)),
+    "sub": (lambda t: t - 2.5, lambda t: 2.5 - t),
+    "mul": (lambda t: t * -0.5, lambda t: torch.mul(-0.5, t)),
+    "div": (lambda t: t / 3.0, None),
+}
+for _op, (_right, _left) in _WITH_SCALAR.items():
+    for _mv, _move in _MOVES.items():
+        CASES[f"{_op}-scalar-above-{_mv}"] = Case(
+            lambda x, f=_right, m=_move: f(m(x)), flat, FLOATS
+        )
+        if _left is not None:
+            CASES[f"scalar-{_op}-above-{_mv}"] = Case(
+                lambda x, f=_left, m=_move: f(m(x)), flat, FLOATS
+            )
+
+
 def test_var_population_declines_float64():
     """PyTorch's float64 variance of values near the largest float64 is finite where the
     mean of the decomposition overflows (four 1.7e308: 0 against inf): the rule declines

@@ -72,3 +72,18 @@ def test_negation_sinks_only_below_movement_ops(text):
     report = Saturation(graph).run()
     fired = {k: n for k, n in report.rule_totals().items() if k.startswith("neg-below") and n}
     assert not fired, fired
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(input y f32 [12])\n(let r (Mul (View x [12]) y))",  # a tensor, not a scalar
+        "(let r (Mul (Sum x [1] 0) (Scalar 2.0 f32)))",  # a reduction, not a movement op
+        "(let r (View (Mul x (Scalar 2.0 f32)) [12]))",  # already above: nothing moves
+    ],
+)
+def test_a_scalar_op_moves_above_movement_ops_only(text):
+    graph = parse_graph("(input x f32 [2 6])\n" + text + "\n(output r)\n")
+    report = Saturation(graph).run()
+    fired = {k: n for k, n in report.rule_totals().items() if "-above-" in k and n}
+    assert not fired, fired
