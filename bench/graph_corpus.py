@@ -32,7 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _zoo():
+def load_zoo():
+    """bench/zoo.py as the module ``saturn_zoo`` (its child processes find it by that name)."""
     spec = importlib.util.spec_from_file_location("saturn_zoo", HERE / "zoo.py")
     zoo = importlib.util.module_from_spec(spec)
     sys.modules["saturn_zoo"] = zoo
@@ -46,7 +47,7 @@ def capture(out: Path, models: list[str], size: str, dtypes: list[str], training
     from saturn import backend, gpu_stack
     from saturn.import_core import UnsupportedError
 
-    zoo = _zoo()
+    zoo = load_zoo()
     out.mkdir(parents=True, exist_ok=True)
     state = {"stem": "", "i": 0}
 

@@ -13,7 +13,6 @@ Prints one line per model and, with ``--json``, writes the rows.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -21,14 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def _zoo():
-    spec = importlib.util.spec_from_file_location("saturn_zoo", HERE / "zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    sys.modules["saturn_zoo"] = zoo
-    spec.loader.exec_module(zoo)
-    return zoo
+sys.path.insert(0, str(HERE))
+from graph_corpus import load_zoo  # noqa: E402 (beside this file)
 
 
 def _program(backend, before: set) -> tuple[int, dict[str, int]]:
@@ -50,7 +43,7 @@ def run_one(name: str, rules: list[str], device: str, dtype: str, size: str, rou
     from saturn import backend
     from saturn.eqsat.check import read_rules
 
-    zoo = _zoo()
+    zoo = load_zoo()
     model, inputs = zoo.build(name, size)
     gpu = device != "saturn:0"
     with torch.no_grad():
