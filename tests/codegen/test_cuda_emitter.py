@@ -139,10 +139,13 @@ def test_nonadjacent_reduction_is_refused():
 def test_narrow_variant_divides_in_32_bits():
     """Strided reads' index arithmetic: 64-bit signed divisions per element in the wide
     variant, 32-bit unsigned ones in the narrow variant (launched when indices fit)."""
+    # a tensor operand, not a scalar: x * 0.5 would be computed before the permute
+    # (mul-scalar-above-permute) and read x in order
     (k,) = kernels_of(
-        "(input x f32 [6 5 4 3])\n"
-        "(let r (Mul (Permute x [0 2 1 3]) (Scalar 0.5 f32)))\n(output r)\n"
+        "(input x f32 [6 5 4 3])\n(input y f32 [6 4 5 3])\n"
+        "(let r (Mul (Permute x [0 2 1 3]) y))\n(output r)\n"
     )
+    assert [o.indexing for o in k.inputs] == ["strided", "same"]
     wide, narrow = (cg.ptx(cg.generate(k, narrow=n), (9, 0)) for n in (False, True))
     assert re.search(r"\b(div|rem)\.s64\b", wide)  # the check below can fail
     assert not re.search(r"\b(div|rem)\.s64\b", narrow) and re.search(r"\brem\.u32\b", narrow)
