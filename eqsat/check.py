@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import optable
-from .egraph import Bounds
+from .egraph import Bounds, Saturation
 from .errors import EqsatError
 from .evaluate import eval_graph, np_dtype
 from .graph import Graph, bits_float, parse_graph, read_sexprs
@@ -220,11 +220,21 @@ def _graph(term: str, tensors: list[str], dtype: str, shape: tuple[int, ...] = (
     return f"{ins}(let result {term})\n(output result)\n"
 
 
-def _fires(rule: Rule, lhs: Graph) -> bool:
-    from .pipeline import compile_graph
+def _graph_all(terms: list[str], tensors: list[str], dtype: str, shape: tuple[int, ...]) -> Graph:
+    """One graph holding every term (over the same inputs), each an output."""
+    dims = " ".join(map(str, shape))
+    text = "".join(f"(input {v} {dtype} [{dims}])\n" for v in tensors)
+    text += "".join(f"(let result_{i} {t})\n" for i, t in enumerate(terms))
+    return parse_graph(
+        text + "(output " + " ".join(f"result_{i}" for i in range(len(terms))) + ")\n"
+    )
 
-    c = compile_graph(lhs, rules=[rule.file], bounds=Bounds(2))
-    return c.report.rule_totals().get(rule.name, 0) > 0
+
+def _fires(rule: Rule, lhs: Graph) -> bool:
+    """Whether the rule matches ``lhs`` within two iterations: saturation alone (what
+    extraction and lowering would make of it is not the question)."""
+    report = Saturation(lhs, rules=[rule.file], bounds=Bounds(2)).run()
+    return report.rule_totals().get(rule.name, 0) > 0
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -302,9 +312,8 @@ def check_rule(rule: Rule) -> tuple[str, list[str]]:
         pairs = []  # (binding, left graph, right term, right graph or None)
         for bound in _spread(_bindings(attrs), MAX_CANDIDATES):
             try:
-                lhs = parse_graph(
-                    _graph(_graph_term(rule.lhs, dtype, dvars, bound), tensors, dtype, shape)
-                )
+                lhs_term = _graph_term(rule.lhs, dtype, dvars, bound)
+                lhs = parse_graph(_graph(lhs_term, tensors, dtype, shape))
                 rhs_term = _graph_term(rule.rhs, dtype, dvars, bound)
                 rhs = (
                     None
@@ -314,10 +323,21 @@ def check_rule(rule: Rule) -> tuple[str, list[str]]:
             except EqsatError as e:  # not a term of this dtype or shape: the next one
                 not_terms = not_terms or f"its sides are not graph terms ({str(e).splitlines()[0]})"
                 continue
-            pairs.append((bound, lhs, rhs_term, rhs))
+            pairs.append((bound, lhs, rhs_term, rhs, lhs_term))
             built_any = True
         pairs = _spread(pairs, MAX_BINDINGS)  # over the bindings that fit
-        for bound, lhs, rhs_term, rhs in pairs:
+        if rule.guarded and len(pairs) > 1:
+            # one saturation of every binding's left side together: where the rule matches
+            # none of them, the guards decline this dtype (asked binding by binding below
+            # only where it matches some)
+            together = _graph_all([t for *_, t in pairs], tensors, dtype, shape)
+            try:
+                declined = not _fires(rule, together)
+            except Exception:  # asked again binding by binding below, which reports it
+                declined = False
+            if declined:
+                continue
+        for bound, lhs, rhs_term, rhs, _ in pairs:
             try:
                 # a rewrite has no guards: it fires wherever its left side is a graph term
                 if rule.guarded and not _fires(rule, lhs):
