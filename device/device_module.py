@@ -154,7 +154,6 @@ class stream:  # noqa: N801 - PyTorch's device modules name this context manager
     def __init__(self, s: torch.Stream | None):
         if s is not None and s.device.type != "saturn":
             raise ValueError(f"torch.saturn.stream: {s} is a stream of {s.device}, not saturn")
-        self.s = s
 
     def __enter__(self) -> None:
         return None

@@ -214,20 +214,20 @@ def _vars(rule: Rule) -> tuple[list[str], set[str], dict[str, str], str]:
     return tensors, dvars - set(tensors), attrs, ""
 
 
-def _graph(term: str, tensors: list[str], dtype: str, shape: tuple[int, ...] = ()) -> str:
+def _inputs_text(tensors: list[str], dtype: str, shape: tuple[int, ...]) -> str:
     dims = " ".join(map(str, shape))
-    ins = "".join(f"(input {v} {dtype} [{dims}])\n" for v in tensors)
-    return f"{ins}(let result {term})\n(output result)\n"
+    return "".join(f"(input {v} {dtype} [{dims}])\n" for v in tensors)
+
+
+def _graph(term: str, tensors: list[str], dtype: str, shape: tuple[int, ...] = ()) -> str:
+    return f"{_inputs_text(tensors, dtype, shape)}(let result {term})\n(output result)\n"
 
 
 def _graph_all(terms: list[str], tensors: list[str], dtype: str, shape: tuple[int, ...]) -> Graph:
     """One graph holding every term (over the same inputs), each an output."""
-    dims = " ".join(map(str, shape))
-    text = "".join(f"(input {v} {dtype} [{dims}])\n" for v in tensors)
-    text += "".join(f"(let result_{i} {t})\n" for i, t in enumerate(terms))
-    return parse_graph(
-        text + "(output " + " ".join(f"result_{i}" for i in range(len(terms))) + ")\n"
-    )
+    lets = "".join(f"(let result_{i} {t})\n" for i, t in enumerate(terms))
+    outputs = " ".join(f"result_{i}" for i in range(len(terms)))
+    return parse_graph(f"{_inputs_text(tensors, dtype, shape)}{lets}(output {outputs})\n")
 
 
 def _fires(rule: Rule, lhs: Graph) -> bool:

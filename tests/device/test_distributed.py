@@ -199,6 +199,26 @@ def test_a_gpu_tensor_is_refused_with_its_device_named():
         _Host().one(t, written=True)
 
 
+@pytest.mark.parametrize("spec", ["saturn", "cpu:gloo,saturn:saturn", None])
+def test_each_way_of_naming_the_backend_gives_saturns_group(spec):
+    """The backend named alone, mapped for the device beside gloo for the CPU, or not named
+    (saturn's import mapped the device to it): the group is saturn's, serving CPU tensors
+    (through its gloo group) and saturn:0 tensors alike."""
+    import saturn  # noqa: F401
+    from saturn.distributed import SaturnProcessGroup
+
+    path = Path(tempfile.mkdtemp()) / "store"
+    dist.init_process_group(spec, init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        assert isinstance(dist.group.WORLD, SaturnProcessGroup)
+        x, c = torch.arange(3.0).to("saturn:0"), torch.arange(3.0)
+        dist.all_reduce(x)
+        dist.all_reduce(c)
+        assert torch.equal(x.cpu(), c)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_process_group_of_one_on_saturn0():
     """In this process (no spawn): a group of one, every call returning completed work."""
     import saturn  # noqa: F401
