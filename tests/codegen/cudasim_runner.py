@@ -12,51 +12,10 @@ import numpy as np
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run under the CUDA simulator"
 
-import threading  # noqa: E402
-
 from numba import cuda  # noqa: E402
-from numba.cuda.simulator import kernelapi  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cudasim_blocks  # noqa: E402
-
-
-def _install_warp_shuffle() -> None:
-    """The simulator has no warp shuffles; give it shfl_down_sync for whole warps (every
-    kernel here calls it with all 32 lanes together), exchanging values through a barrier."""
-    lock = threading.Lock()
-    warps: dict[tuple, dict] = {}
-
-    def shfl_down_sync(self, mask, value, delta):
-        t = threading.current_thread()
-        key = (id(t._manager), t.thread_id // 32)
-        with lock:
-            w = warps.setdefault(key, {"barrier": threading.Barrier(32), "vals": [None] * 32})
-        lane = t.thread_id % 32
-        w["vals"][lane] = value
-        w["barrier"].wait()
-        src = lane + delta
-        out = w["vals"][src] if src < 32 else value
-        w["barrier"].wait()
-        return out
-
-    def shfl_sync(self, mask, value, src_lane):
-        t = threading.current_thread()
-        key = (id(t._manager), t.thread_id // 32)
-        with lock:
-            w = warps.setdefault(key, {"barrier": threading.Barrier(32), "vals": [None] * 32})
-        w["vals"][t.thread_id % 32] = value
-        w["barrier"].wait()
-        out = w["vals"][src_lane]
-        w["barrier"].wait()
-        return out
-
-    kernelapi.FakeCUDAModule.shfl_down_sync = shfl_down_sync
-    kernelapi.FakeCUDAModule.shfl_sync = shfl_sync
-
-
-_install_warp_shuffle()
-
 
 cudasim_blocks.install()
 
