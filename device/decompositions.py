@@ -210,6 +210,21 @@ def _no_wrap(core):
 
 
 def table() -> dict:
+    """The decompositions AOTAutograd applies before import: PyTorch's core ATen table less
+    the ops saturn imports whole, and saturn's own. Built once per set of registered
+    CompositeImplicitAutograd kernels (PyTorch's table lists those ops, and building it
+    walks the dispatcher: 0.1 s, which every compile paid); a library loaded later that
+    registers more builds it again."""
+    key = len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"))
+    if _TABLE.get("key") != key:
+        _TABLE.update(key=key, table=_build_table())
+    return dict(_TABLE["table"])  # a copy: a caller's change stays its own
+
+
+_TABLE: dict = {}
+
+
+def _build_table() -> dict:
     keep = kept_whole()
     core = core_aten_decompositions()
     out = {

@@ -18,7 +18,7 @@ import egglog.bindings as eb
 from . import optable as ot
 from .errors import EqsatError, GraphError
 from .graph import Graph
-from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, RuleSet, rule_files, rule_index
+from .rules import DEFAULT_RULESETS, OPT_IN_RULESETS, Lease, borrow, rule_files, rule_index
 
 EQ_SORTS = ("Tensor", "Expr", "TList")
 ANALYSES = ("dtype", "rank", "float-dtype", "int-dtype", "device-dtype")
@@ -206,14 +206,20 @@ class Saturation:
         self.graph = graph
         self.bounds = bounds or Bounds()
         self.max_enodes = self.bounds.size_bound(len(graph.nodes))
-        self.egraph = eb.EGraph()
-        self.ruleset = RuleSet(rule_files(rules))
-        self.ruleset.load_into(self.egraph)
         unknown = [r for r in rewrites or [] if r not in OPT_IN_RULESETS]
         if unknown:
             raise EqsatError(
                 f"unknown rewrites {unknown}; opt-in rulesets: {list(OPT_IN_RULESETS)}"
             )
+        self._lease: Lease | None = borrow(rule_files(rules))
+        self.ruleset = self._lease.ruleset
+        try:
+            self._start_graph(graph, rewrites, facts)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_graph(self, graph: Graph, rewrites: list[str] | None, facts: str) -> None:
         self.rulesets = [*DEFAULT_RULESETS, *self.ruleset.user_rulesets, *(rewrites or [])]
         text, self.names = graph_program(graph)
         try:
@@ -244,6 +250,28 @@ class Saturation:
         self._longest: dict[str, float] = {}  # ruleset -> its longest run's s
         self._rate: dict[str, float] = {}  # ruleset -> its costliest run's s per e-node
         self._fired: tuple[str, dict[str, int]] | None = None  # last changing run's rules
+
+    @property
+    def egraph(self) -> eb.EGraph:
+        if self._lease is None:
+            raise EqsatError(
+                "this saturation is closed (compile_graph closes its own once it has read "
+                "the e-graph back); saturate again to look at the e-graph"
+            )
+        return self._lease.egraph
+
+    def close(self) -> None:
+        """Give the rules' e-graph back (``rules.Lease``): what the graph added is dropped,
+        the report and any snapshot taken stay."""
+        if self._lease is not None:
+            self._lease.give_back()
+            self._lease = None
+
+    def __enter__(self) -> Saturation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _run(self, text: str, name: str):
         return self.egraph.run_program(*self.egraph.parse_program(text, filename=name))
@@ -384,7 +412,7 @@ class Saturation:
             return
         if self._kept + size > CHECKPOINT_ENODES * self.max_enodes:
             return
-        self._run("(push)", "<checkpoint>")
+        self._lease.push()
         self._kept += size
         self._pass_checkpoint = True
 
@@ -402,7 +430,7 @@ class Saturation:
             stats = self.step()
             over = stats.stopped
             if over.startswith("size") and self._pass_checkpoint:
-                self._run("(pop)", "<checkpoint>")  # undo the pass: stop before it
+                self._lease.pop()  # undo the pass: stop before it
                 stats.undone, stats.enodes = True, self.enodes()
             if not stats.changed:
                 self.report.stop_reason = "saturated"

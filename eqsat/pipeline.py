@@ -94,11 +94,11 @@ def compile_graph(
     stages = Stages()
     # 1. saturate: the graph's terms plus every enabled ruleset, under explicit bounds
     facts = half_facts() if MACHINES[machine].halves else ""
-    sat = Saturation(graph, rules, rewrites, bounds, facts)
-    report = sat.run()
-    stages.mark("saturate", f"{len(report.iterations)} iterations")
-    # 2. analyse: types and placement per e-class; every e-node of a class must agree
-    view = sat.snapshot()
+    with Saturation(graph, rules, rewrites, bounds, facts) as sat:
+        report = sat.run()
+        stages.mark("saturate", f"{len(report.iterations)} iterations")
+        # 2. analyse: types and placement per e-class; every e-node of a class must agree
+        view = sat.snapshot()  # what follows reads this; the rules' e-graph goes back
     stages.mark("read back", f"{view.enode_count()} e-nodes")
     types = infer_types(view, graph)
     place = infer_placement(view)

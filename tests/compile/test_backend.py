@@ -329,3 +329,22 @@ def test_a_slow_compile_logs_its_stages_at_info(caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="saturn"), torch.no_grad():
         torch.compile(f, backend="saturn", dynamic=False)(x)
     assert not [r for r in caplog.records if "compiled a graph" in r.message]
+
+
+def test_the_decomposition_table_is_built_once_and_again_for_new_composite_kernels():
+    """Decision 0093: the table is kept; a library registering a CompositeImplicitAutograd
+    kernel afterwards gets a table built again. Callers get copies."""
+    from saturn import decompositions
+
+    first = decompositions.table()
+    kept = decompositions._TABLE["table"]
+    first.clear()  # a caller's change stays its own
+    second = decompositions.table()
+    assert decompositions._TABLE["table"] is kept and second and second.keys() == kept.keys()
+    assert torch.ops.aten.gather.default in second  # saturn's own entries are in it
+    assert "aten.gelu.default" not in {str(op) for op in second}  # imported whole
+    lib = torch.library.Library("saturn_test_cia", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    decompositions.table()
+    assert decompositions._TABLE["table"] is not kept
