@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from . import _runtime
+from . import _runtime, cuda_autograd
 
 _runtime.load()
+# naming the device made it torch's accelerator, which breaks a CUDA backward: give CUDA
+# backwards the accelerator back while they run (decision 0094)
+cuda_autograd.install()
 
 from . import device_module  # noqa: E402
 from ._array_interface import install as _install_array_interface  # noqa: E402
