@@ -246,6 +246,7 @@ class Saturation:
         self._kept = 0
         self._pass_checkpoint = False
         self._size = 0  # e-nodes after the last run (what _over read)
+        self._stale = True  # whether a run changed the e-graph since _size was read
         self._last: dict[str, tuple[float, int]] = {}  # ruleset -> (its last run's s, size)
         self._longest: dict[str, float] = {}  # ruleset -> its longest run's s
         self._rate: dict[str, float] = {}  # ruleset -> its costliest run's s per e-node
@@ -282,6 +283,14 @@ class Saturation:
             n for fname, n in out[0].sizes if fname not in ANALYSES and not fname.startswith("$")
         )
 
+    def _measure(self) -> int:
+        """The e-graph's e-nodes, read again only after a run that changed it (a run
+        reporting no update leaves every table as it was; most runs of a saturating graph
+        change nothing, and each reading is an egglog call)."""
+        if self._stale:
+            self._size, self._stale = self.enodes(), False
+        return self._size
+
     def _run_ruleset(self, name: str, matches: dict[str, int]) -> tuple[bool, bool]:
         """One scheduled run of a ruleset: (whether it changed the e-graph, whether the
         scheduler held no rule back)."""
@@ -302,6 +311,7 @@ class Saturation:
                 f"saturation failed in ruleset {name}: {e}{self._culprits()}"
             ) from None
         report = out[0].report
+        self._stale = self._stale or report.updated
         for rule, n in report.num_matches_per_rule.items():
             matches[rule] = matches.get(rule, 0) + n
         if name != "analysis" and report.updated:
@@ -326,8 +336,7 @@ class Saturation:
         """The bound a run has crossed ("" while within them)."""
         if time.perf_counter() > self._deadline:
             return f"time bound ({self.bounds.seconds} s)"
-        self._size = self.enodes()
-        if self._size > self.max_enodes:
+        if self._measure() > self.max_enodes:
             return f"size bound ({self.max_enodes} e-nodes)"
         return ""
 
@@ -392,7 +401,7 @@ class Saturation:
         stats = IterationStats(
             len(self.report.iterations) + 1,
             matches,
-            self.enodes(),
+            self._measure(),
             time.perf_counter() - t0,
             changed or not settled,  # a held-back rule may still change it
             over,
@@ -407,7 +416,7 @@ class Saturation:
         e-nodes are capped at CHECKPOINT_ENODES times the bound."""
         if self._pass_checkpoint:
             return
-        size = self.enodes()
+        size = self._measure()
         if 2 * size < self.max_enodes:
             return
         if self._kept + size > CHECKPOINT_ENODES * self.max_enodes:
@@ -420,7 +429,7 @@ class Saturation:
         start = time.perf_counter()
         self._start, self._deadline = start, start + self.bounds.seconds
         self._kept = 0  # e-nodes held by checkpoints
-        self._size = self.enodes()
+        self._size, self._stale = self.enodes(), False
         _, over = self._analyse({})
         while not over:
             if len(self.report.iterations) >= self.bounds.iterations:
@@ -431,7 +440,8 @@ class Saturation:
             over = stats.stopped
             if over.startswith("size") and self._pass_checkpoint:
                 self._lease.pop()  # undo the pass: stop before it
-                stats.undone, stats.enodes = True, self.enodes()
+                self._stale = True
+                stats.undone, stats.enodes = True, self._measure()
             if not stats.changed:
                 self.report.stop_reason = "saturated"
                 break
