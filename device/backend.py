@@ -26,6 +26,7 @@ from saturn.eqsat.kinds import Kind
 from saturn.eqsat.pipeline import Compiled, Stages
 
 from . import decompositions, gpu_stack
+from .constant_folding import fold_constants
 from .constants import lift_constants
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, options_for_mode, parse
@@ -277,6 +278,10 @@ def _log_stages(cg: CompiledGraph) -> None:
 def _compiler(opts: Options, forward: bool):
     def fw(gm: torch.fx.GraphModule, example_inputs):
         original = gm
+        try:  # values built from no input: computed once, here (decision 0096)
+            gm = fold_constants(gm, _target(opts, example_inputs))
+        except Exception as e:  # folding is an optimisation: never the reason a compile fails
+            log.info("saturn: constants not folded (%s: %s)", type(e).__name__, e)
         gm, consts = lift_constants(gm)
         example_inputs = [*consts, *example_inputs]
         key = (graph_key(gm, opts), forward)

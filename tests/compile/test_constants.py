@@ -69,3 +69,74 @@ def test_constants_lift_ahead_of_the_inputs():
     ]
     assert torch.equal(lifted(*consts, torch.ones(2)), torch.full((2,), 3.0))
     assert any(n.op == "get_attr" for n in gm.graph.nodes)  # the original is untouched
+
+
+def _shifted_window_mask(x):
+    """Swin's attention mask, built from shapes alone: a zero image, slice assignments of
+    region numbers, pairwise differences, a masked fill."""
+    m = x.new_zeros((7, 7))
+    count = 0
+    for h in (slice(0, 3), slice(3, 5), slice(5, 7)):
+        for w in (slice(0, 3), slice(3, 7)):
+            m[h, w] = count
+            count += 1
+    differ = (m.view(1, 49) - m.view(49, 1)) != 0
+    return x + differ.float().masked_fill(differ, -100.0)
+
+
+def test_values_built_from_no_input_are_computed_once_when_compiling():
+    """Decision 0096: the mask's 25 kernels (pads, slice assignments, comparisons) are one
+    constant; the call runs the one addition; the result is eager's to the bit."""
+    from saturn import constant_folding
+
+    x = torch.randn(49, 49)
+    fallbacks = len(backend.CACHE.fallbacks)
+    torch._dynamo.reset()
+    compile_and_compare(_shifted_window_mask, x, rtol=0, atol=0)
+    assert backend.CACHE.fallbacks[fallbacks:] == []
+    folded = last_compiled()
+    assert [k.kind for k in folded.compiled.program.kernels] == ["loop"]
+    assert len(folded.recipe.inputs) == 2  # the mask, then x
+    # the same function with folding held back computes the mask per call
+    limit = constant_folding.FOLD_MAX_ELEMENTS
+    constant_folding.FOLD_MAX_ELEMENTS = 0
+    try:
+        torch._dynamo.reset()
+        compile_and_compare(_shifted_window_mask, x, rtol=0, atol=0)
+        assert len(last_compiled().compiled.program.kernels) > 10
+    finally:
+        constant_folding.FOLD_MAX_ELEMENTS = limit
+
+
+def test_folding_declines_what_is_not_the_same_bits_everywhere():
+    """A sine (libm's rounding is the device's) and a float-to-integer conversion (NaN and
+    overflow convert as the device's instruction does) stay computed per call (a value past
+    the size limit too: the test above); the traced graph itself is never changed."""
+    from torch._functorch.aot_autograd import aot_function
+
+    from saturn.constant_folding import fold_constants
+
+    def f(x):
+        t = torch.arange(8, device=x.device, dtype=torch.float32)
+        return x + torch.sin(t) + (t * 0.5).to(torch.int32) + torch.full((8,), 2.0, device=x.device)
+
+    graphs = []
+
+    def grab(g, _):
+        graphs.append(g)
+        return g
+
+    aot_function(f, fw_compiler=grab)(torch.randn(8))
+    gm = graphs[0]
+    before = gm.code
+    out = fold_constants(gm, torch.device("cpu"))
+    assert gm.code == before  # the original is left for the uncompiled path
+    ops = {n.target for n in out.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.sin.default in ops
+    assert torch.ops.aten._to_copy.default in ops  # the float-to-int conversion
+    assert torch.ops.aten.full.default not in ops  # folded: it is exact
+    folded = [n for n in out.graph.nodes if n.op == "get_attr"]
+    assert folded and all(getattr(out, n.target).device.type == "cpu" for n in folded)
+    x = torch.randn(8)
+    (got,) = out(x)
+    torch.testing.assert_close(got, f(x), rtol=0, atol=0)

@@ -21,6 +21,14 @@ GRAPH = (
 )
 
 
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    """Each test starts from an empty pool: earlier tests of the worker may have used up a
+    load's lends (it is then retired) or left a saturation open that holds it."""
+    rules._POOL.clear()
+    yield
+
+
 def _classes(view) -> list:
     return sorted((c, sorted(map(str, ens))) for c, ens in view.classes.items())
 
