@@ -31,9 +31,6 @@ _CREATE = {
     aten.zeros.default,
     aten.ones.default,
     aten.scalar_tensor.default,
-    aten.arange.default,
-    aten.arange.start,
-    aten.arange.start_step,
 }
 _EXACT = _CREATE | {
     aten.lift_fresh_copy.default,
@@ -151,8 +148,16 @@ def _fold(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModul
         ):
             continue
         values[n] = v
-    # the folded values something unfolded reads: those become constants
-    edge = [n for n in values if n.op == "call_function" and any(u not in values for u in n.users)]
+    # the folded values something unfolded reads become constants,
+    # except uniform ones (a fill, an expanded scalar): the compiler reads those as a
+    # scalar, not from memory
+    edge = [
+        n
+        for n in values
+        if n.op == "call_function"
+        and any(u not in values for u in n.users)
+        and not _uniform(values[n])
+    ]
     if not edge:
         return gm
     graph = copy.deepcopy(gm.graph)
@@ -168,6 +173,11 @@ def _fold(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModul
     graph.eliminate_dead_code()
     out.recompile()
     return out
+
+
+def _uniform(v: torch.Tensor) -> bool:
+    flat = v.reshape(-1)
+    return flat.numel() <= 1 or bool((flat == flat[0]).all())
 
 
 def _attr(gm: torch.nn.Module, target: str):

@@ -109,16 +109,21 @@ def test_values_built_from_no_input_are_computed_once_when_compiling():
 
 
 def test_folding_declines_what_is_not_the_same_bits_everywhere():
-    """A sine (libm's rounding is the device's) and a float-to-integer conversion (NaN and
-    overflow convert as the device's instruction does) stay computed per call (a value past
-    the size limit too: the test above); the traced graph itself is never changed."""
+    """A sine (libm's rounding is the device's), a float-to-integer conversion (NaN and
+    overflow convert as the device's instruction does), anything built from arange (the
+    importer reads its structure) and a fill (read as a scalar, not from memory) stay
+    computed per call (a value past the size limit too: the test above); the traced graph
+    itself is never changed; pads of a fill fold."""
     from torch._functorch.aot_autograd import aot_function
 
     from saturn.constant_folding import fold_constants
 
     def f(x):
         t = torch.arange(8, device=x.device, dtype=torch.float32)
-        return x + torch.sin(t) + (t * 0.5).to(torch.int32) + torch.full((8,), 2.0, device=x.device)
+        z = torch.nn.functional.pad(torch.zeros(4, device=x.device), (2, 2), value=1.0)
+        z = z.masked_fill(torch.arange(8, device=x.device) > 5, -1.0) + z
+        w = torch.nn.functional.pad(torch.zeros(4, device=x.device), (3, 1), value=2.0)
+        return x + torch.sin(t) + (t * 0.5).to(torch.int32) + torch.full((8,), 2.0) + z + w
 
     graphs = []
 
@@ -134,9 +139,15 @@ def test_folding_declines_what_is_not_the_same_bits_everywhere():
     ops = {n.target for n in out.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten.sin.default in ops
     assert torch.ops.aten._to_copy.default in ops  # the float-to-int conversion
-    assert torch.ops.aten.full.default not in ops  # folded: it is exact
-    folded = [n for n in out.graph.nodes if n.op == "get_attr"]
-    assert folded and all(getattr(out, n.target).device.type == "cpu" for n in folded)
+    assert torch.ops.aten.arange.start_step in ops or torch.ops.aten.arange.default in ops
+    assert torch.ops.aten.full.default in ops  # a fill: read as a scalar
+    # z's pad (read by a masked fill that reads arange) and w: pads of a fill, folded
+    tables = [getattr(out, n.target) for n in out.graph.nodes if n.op == "get_attr"]
+    assert all(t.device.type == "cpu" for t in tables)
+    assert sorted(t.tolist() for t in tables) == [
+        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0],
+        [2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+    ]
     x = torch.randn(8)
     (got,) = out(x)
     torch.testing.assert_close(got, f(x), rtol=0, atol=0)
