@@ -157,18 +157,21 @@ def _stamp(paths: list[Path]) -> tuple | None:
 
 
 def _give_back(pooled: _Loaded, pushes: list[int]) -> None:
-    """Pop what the lease pushed; an e-graph that cannot be restored leaves the pool."""
+    """Pop what the lease pushed; an e-graph that cannot be restored (egglog refused or
+    panicked) leaves the pool, and later borrowers load afresh."""
+    restored = False
     try:
         for _ in range(pushes[0]):
             pooled.egraph.run_program(*pooled.egraph.parse_program("(pop)"))
         restored = True
     except eb.EggSmolError:
-        restored = False
-    with _POOL_LOCK:
-        pooled.lent = False
-        if not restored:
-            for k in [k for k, v in _POOL.items() if v is pooled]:
-                del _POOL[k]
+        pass  # dropped below; the compile that borrowed it is already done
+    finally:
+        with _POOL_LOCK:
+            pooled.lent = False
+            if not restored:
+                for k in [k for k, v in _POOL.items() if v is pooled]:
+                    del _POOL[k]
 
 
 def borrow(files: list[Path]) -> Lease:

@@ -113,3 +113,17 @@ def test_checkpoints_pushed_during_a_pass_are_popped_when_given_back():
         assert sat.egraph is _pooled(files).egraph
         ops = {en.op for ens in sat.snapshot().classes.values() for en in ens}
         assert not ops & {"MatMul", "Softmax", "Relu"}, ops  # nothing of the graph before
+
+
+def test_an_e_graph_that_cannot_be_restored_leaves_the_pool():
+    """A give-back whose pops egglog refuses (here: more pops than pushes) drops the load
+    from the pool instead of lending a wrong e-graph; the next borrower loads afresh."""
+    files = rules.rule_files(None)
+    lease = rules.borrow(files)
+    pooled = _pooled(files)
+    assert lease.egraph is pooled.egraph
+    lease._pushes[0] += 3  # pops past what was pushed
+    lease.give_back()
+    assert _pooled(files) is None and not pooled.lent
+    with Saturation(parse_graph(GRAPH)) as sat:
+        assert sat.egraph is not pooled.egraph and sat.egraph is _pooled(files).egraph
