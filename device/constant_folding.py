@@ -13,12 +13,16 @@ operations PyTorch computes exactly rounded on every device (add, subtract, mult
 divide, negate, min, max); never transcendental functions, reductions (their order is the
 device's) or random numbers. A result larger than FOLD_MAX_ELEMENTS stays computed per call
 (a constant costs memory for the model's lifetime), as does anything reading an input or a
-symbolic size.
+symbolic size. Two more stay as they are because the compiler does better with them:
+anything built from ``arange`` (the importer reads an index that is a slice, a broadcast or
+a strided view there; folded, it would be an opaque index gathered on the host), and a
+value whose elements are all equal (a fill is read as a scalar, not from memory).
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 
 import torch
 from torch.fx.node import map_arg
@@ -115,7 +119,7 @@ def _fold(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModul
     values: dict[torch.fx.Node, torch.Tensor] = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            v = _attr(gm, n.target)
+            v = operator.attrgetter(n.target)(gm)  # as lift_constants reads it
             if isinstance(v, torch.Tensor) and v.numel() <= FOLD_MAX_ELEMENTS:
                 values[n] = v.detach().cpu()
             continue
@@ -178,10 +182,3 @@ def _fold(gm: torch.fx.GraphModule, device: torch.device) -> torch.fx.GraphModul
 def _uniform(v: torch.Tensor) -> bool:
     flat = v.reshape(-1)
     return flat.numel() <= 1 or bool((flat == flat[0]).all())
-
-
-def _attr(gm: torch.nn.Module, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj

@@ -137,5 +137,5 @@ def install() -> None:
 
 
 def status() -> str:
-    """Empty when installed, else why not (for ``saturn.explain`` and the tests)."""
+    """Empty when installed, else why not (what the INFO log said)."""
     return _why

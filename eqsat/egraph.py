@@ -1,6 +1,7 @@
 """The e-graph of one compile: built from a graph, saturated under bounds, read back.
 
-``Saturation`` loads the rule files, adds the graph's terms (with dtype and rank facts),
+``Saturation`` borrows an e-graph holding the rule files' rules (``rules.borrow``: loaded
+once per process, given back by ``close``), adds the graph's terms (with dtype and rank facts),
 and runs one iteration at a time: every enabled ruleset once, then the analysis ruleset to
 a fixpoint. It stops when an iteration changes nothing (saturated) or a bound is hit
 (iterations, e-graph size, wall time) and says which. ``snapshot()`` reads the e-graph into
