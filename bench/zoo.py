@@ -15,7 +15,8 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   host ops    host ops and crossings per call (summed over the compiled graphs, named)
   first call  wall time of the first compiled call (compile included)
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
-              on a GPU, Inductor (default mode; its first call too), all in the same process;
+              on a GPU, Inductor (default mode, and max-autotune-no-cudagraphs with
+              --baselines autotune; their first calls too), all in the same process;
               with --jobs N models compile side by side and are timed one at a time,
               every other model paused (_slot)
   memory      peak device memory of saturn's and eager's calls, and what saturn's runners
@@ -23,7 +24,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
 
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
-                        [--baselines all|eager|none] [--no-baselines] [--training]
+                        [--baselines all|autotune|eager|none] [--no-baselines] [--training]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -48,6 +49,9 @@ from pathlib import Path
 import torch
 
 REPEATS = 10
+# Inductor's modes timed beside saturn (row key, torch.compile mode): the default, and with
+# --baselines autotune the GEMM and convolution autotuning mode without CUDA graphs
+INDUCTOR_MODES = (("inductor", None), ("inductor_ma", "max-autotune-no-cudagraphs"))
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -365,7 +369,8 @@ def run_one(
     baselines: str = "all",
     training: bool = False,
 ) -> dict:
-    """One model's row. ``baselines``: "all" (eager and Inductor), "eager" or "none";
+    """One model's row. ``baselines``: "all" (eager and Inductor), "autotune" (those and
+    Inductor's max-autotune-no-cudagraphs), "eager" or "none";
     ``training``: one training step's row (bench/zoo_training.py) instead of inference."""
     if training:
         return _training().run(_self(), name, device, dtype_name, size, repeats, baselines)
@@ -423,18 +428,21 @@ def run_one(
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
-    ind = None
-    if gpu and baselines == "all":  # compiled beside the other models, timed alone below
-        try:
-            ind = torch.compile(m_e)
-            t = time.perf_counter()
-            with torch.no_grad():
-                ind(*x_e)
-            sync_ref()
-            row["inductor_first_s"] = time.perf_counter() - t
-        except Exception as e:
-            ind = None
-            row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    inductors = {}  # row key -> compiled: compiled beside the other models, timed alone below
+    if gpu and baselines in ("all", "autotune"):
+        modes = INDUCTOR_MODES if baselines == "autotune" else INDUCTOR_MODES[:1]
+        for key, mode in modes:
+            try:
+                torch._dynamo.reset()  # each mode compiles afresh, not from the last one
+                ind = torch.compile(m_e, mode=mode)
+                t = time.perf_counter()
+                with torch.no_grad():
+                    ind(*x_e)
+                sync_ref()
+                row[f"{key}_first_s"] = time.perf_counter() - t
+                inductors[key] = ind
+            except Exception as e:
+                row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     shared.close()
     with _slot(exclusive=True):
         row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
@@ -444,11 +452,11 @@ def run_one(
                 torch.cuda.reset_peak_memory_stats()
                 _timed(m_e, x_e, sync_ref, 1)
                 row["eager_peak"] = torch.cuda.max_memory_allocated()
-        if ind is not None:
+        for key, ind in inductors.items():
             try:
-                row["inductor_s"] = _timed(ind, x_e, sync_ref)
+                row[f"{key}_s"] = _timed(ind, x_e, sync_ref)
             except Exception as e:
-                row["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     # calls that failed and reran uncompiled (decision 0050), CUDA-graph replays
     row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
     runners = [cg.recipe.runner for cg in new if getattr(cg.recipe, "runner", None)]
@@ -463,6 +471,11 @@ def run_one(
 
 
 # --- the driver -------------------------------------------------------------------------
+
+
+def _best_inductor(r: dict) -> float:
+    """The faster of Inductor's timed modes for one row."""
+    return min(r[f"{key}_s"] for key, _ in INDUCTOR_MODES if f"{key}_s" in r)
 
 
 def _geomean(xs: list[float]) -> float:
@@ -482,6 +495,13 @@ def summary(rows: list[dict]) -> str:
         f"geomean speed-up over eager {_geomean(over_eager):.2f}x, "
         f"over Inductor {_geomean(over_ind):.2f}x"
     )
+    over_best = [_best_inductor(r) / r["saturn_s"] for r in ok if "inductor_ma_s" in r]
+    if over_best:
+        faster = sum(r["inductor_ma_s"] < r["inductor_s"] for r in ok if "inductor_ma_s" in r)
+        lines.append(
+            f"over Inductor's best mode {_geomean(over_best):.2f}x (max-autotune-no-cudagraphs "
+            f"the faster mode for {faster} of {len(over_best)} models)"
+        )
     first = [r["first_call_s"] for r in rows if "first_call_s" in r]
     if first:
         lines.append(
@@ -515,6 +535,11 @@ def _format(r: dict) -> str:
         times += f", eager {r['eager_s'] * 1e3:.2f} ms"
     if "inductor_s" in r:
         times += f", inductor {r['inductor_s'] * 1e3:.2f} ms (first {r['inductor_first_s']:.1f} s)"
+    if "inductor_ma_s" in r:
+        times += (
+            f", max-autotune {r['inductor_ma_s'] * 1e3:.2f} ms "
+            f"(first {r['inductor_ma_first_s']:.1f} s)"
+        )
     if "saturn_peak" in r:
         mb = 2**20
         times += (
@@ -565,8 +590,9 @@ def main() -> None:
     ap.add_argument(
         "--baselines",
         default="all",
-        choices=["all", "eager", "none"],
-        help="what saturn is timed against: eager and Inductor, eager only, nothing",
+        choices=["all", "autotune", "eager", "none"],
+        help="what saturn is timed against: eager and Inductor (default mode); those and "
+        "Inductor's max-autotune-no-cudagraphs; eager only; nothing",
     )
     ap.add_argument("--no-baselines", action="store_true", help="the same as --baselines none")
     ap.add_argument(

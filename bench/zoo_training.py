@@ -131,7 +131,7 @@ def reference(zoo, name: str, device: str, dtype_name: str, size: str, baselines
         out["eager"], _ = measures(m_e, x_e, opt_e, sync, zoo._first)
     out["eager_error"] = error(out["eager"], out["want32"])
     ind = None
-    if gpu and baselines == "all":
+    if gpu and baselines in ("all", "autotune"):  # training: the default mode only
         m_i, x_i = zoo.moved(model, inputs, dev, dtype)
         opt_i = torch.optim.SGD(m_i.parameters(), lr=LR)
         try:
