@@ -8,12 +8,19 @@ nothing is staged, except a strided tensor, which gloo cannot take: it is packed
 buffer and, for the collectives that write it, copied back. CPU tensors go to gloo as
 they are, so one group serves a model's CPU and saturn:0 state alike.
 
-A collective on a saturn GPU tensor raises ``NotImplementedError`` naming the tensor's
-device (the NCCL path is not built); nothing is copied to the host behind the user's back.
+On a saturn GPU (``saturn:N`` is CUDA device N-1, in the same primary context) they run
+through PyTorch's own NCCL group, made on first use over the same store: each tensor is
+handed to NCCL as a CUDA tensor aliasing its device memory (through the CUDA array
+interface; nothing goes through the host), with saturn's stream made the current CUDA
+stream for the call, so that NCCL starts after the saturn work that wrote its inputs, and
+saturn's stream waits for NCCL before anything later reads its outputs. Strided tensors
+are packed on the device and copied back, as for gloo. One collective takes tensors of one
+device: a mix raises, naming the devices.
 
-Every call completes before it returns (gloo is waited on: host memory has no stream to
-order later work after it); the work object PyTorch expects is returned already done, with
-the tensors as its future's value.
+Every call is ordered before it returns: gloo is waited on (host memory has no stream to
+order later work after it), NCCL's completion is waited for on saturn's stream (the one
+stream every later saturn operation runs on). The work object PyTorch expects is returned
+already done, with the tensors as its future's value.
 """
 
 from __future__ import annotations
@@ -41,11 +48,7 @@ class _Host:
 
             alias = torch_view(t)
         else:
-            raise NotImplementedError(
-                f"torch.distributed on a tensor on {t.device}: saturn's process group runs "
-                "collectives on saturn:0 and CPU tensors (through gloo); the NCCL path for "
-                "saturn's GPUs is not built"
-            )
+            raise ValueError(f"gloo's side of saturn's group was handed a tensor on {t.device}")
         if alias.is_contiguous():
             return alias
         packed = alias.contiguous()  # gloo takes dense tensors only
@@ -66,6 +69,96 @@ class _Host:
             alias.copy_(packed)
 
 
+class _Interface:
+    """An object exposing a CUDA array interface dict, for ``torch.as_tensor``."""
+
+    def __init__(self, interface: dict) -> None:
+        self.__cuda_array_interface__ = interface
+
+
+def cuda_alias(t: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor over the device memory of the dense saturn GPU tensor ``t`` (no copy):
+    its bytes, viewed as ``t``'s dtype and shape, so that every dtype (bfloat16 included,
+    which the array interface has no type string for) passes through."""
+    from .gpu_runner import take_back_lent  # the compiler's runtime: imported on first use
+
+    assert t.is_contiguous()
+    take_back_lent(t)  # a compiled call's output must not keep pointing into its arena
+    nbytes = t.numel() * t.element_size()
+    interface = {
+        "shape": (nbytes,),
+        "typestr": "|u1",
+        "data": (t.data_ptr() if nbytes else 0, False),
+        "version": 3,
+        "strides": None,
+        "stream": None,  # the caller orders the work: saturn's stream is the current one
+    }
+    cuda = torch.device("cuda", t.device.index - 1)
+    alias = torch.as_tensor(_Interface(interface), device=cuda)
+    if nbytes and alias.data_ptr() != t.data_ptr():
+        raise RuntimeError(f"the CUDA view of a tensor on {t.device} is a copy, not an alias")
+    return alias.view(t.dtype).view(t.shape)
+
+
+class _Gpu:
+    """What NCCL is handed for tensors on one saturn GPU, and the copies back after it ran.
+    Every saturn operation here (packing, copying back) runs on saturn's stream, in order
+    with the collective."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed buffer, tensor)
+        self.keep: list[torch.Tensor] = []  # saturn tensors the aliases read, kept alive
+
+    def one(self, t: torch.Tensor, written: bool) -> torch.Tensor:
+        if t.device != torch.device(NAME, self.index):
+            raise ValueError(f"a GPU collective on saturn:{self.index} was handed {t.device}")
+        dense = t if t.is_contiguous() else t.contiguous()  # NCCL takes dense tensors only
+        if dense is not t and written:
+            self.back.append((dense, t))
+        self.keep.append(dense)
+        return cuda_alias(dense)
+
+    def many(self, ts: Sequence[torch.Tensor], written: bool) -> list[torch.Tensor]:
+        return [self.one(t, written) for t in ts]
+
+    def nested(self, tss: Sequence[Sequence[torch.Tensor]], written: bool) -> list:
+        return [self.many(ts, written) for ts in tss]
+
+    def finish(self, work) -> None:
+        if work is not None:
+            work.wait()  # saturn's stream (the current one) waits for NCCL's
+        for packed, t in self.back:
+            t.copy_(packed)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """Every tensor in a collective's (nested) tensor arguments, in order."""
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+    return out
+
+
+def _gpu_of(tensors: Sequence[torch.Tensor]) -> int | None:
+    """The saturn GPU a collective's tensors are on, None for host tensors (CPU and
+    saturn:0); raises for a mix."""
+    devices = {t.device for t in tensors}
+    gpus = {d for d in devices if d.type == NAME and (d.index or 0) >= 1}
+    if not gpus:
+        return None
+    if len(devices) > 1:
+        raise ValueError(
+            "one collective takes tensors of one device: got "
+            + ", ".join(sorted(str(d) for d in devices))
+        )
+    return gpus.pop().index
+
+
 def _done(result) -> dist.Work:
     # c10d's own completed work (imported here: a torch built without distributed has none)
     from torch._C._distributed_c10d import _create_work_from_future
@@ -82,7 +175,23 @@ class SaturnProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "") -> None:
         super().__init__(rank, size)
         self._rank, self._size, self._name = rank, size, name
+        self._store, self._timeout = store, timeout
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._nccl_group = None  # made at the first collective on a saturn GPU
+
+    def _nccl(self):
+        """PyTorch's NCCL group over the same store (its own key prefix), ranks and size."""
+        if self._nccl_group is None:
+            if not dist.is_nccl_available():
+                raise RuntimeError(
+                    "a collective on saturn GPU tensors runs through NCCL, which this build "
+                    "of torch lacks"
+                )
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self._timeout
+            store = dist.PrefixStore("saturn/nccl/", self._store)
+            self._nccl_group = dist.ProcessGroupNCCL(store, self._rank, self._size, opts)
+        return self._nccl_group
 
     def getBackendName(self) -> str:  # noqa: N802 (c10d's names, here and below)
         return NAME
@@ -104,34 +213,43 @@ class SaturnProcessGroup(dist.ProcessGroup):
     def rank(self) -> int:
         return self._rank
 
-    def _run(self, result, call: Callable[[_Host], object]) -> dist.Work:
-        host = _Host()
-        host.finish(call(host))
+    def _run(self, result, call: Callable, tensors=()) -> dist.Work:
+        """Run ``call(mover, inner group)`` on gloo for host tensors, on NCCL on saturn's
+        stream for saturn GPU tensors; ``tensors``: every tensor the collective takes."""
+        index = _gpu_of(_tensors(tensors))
+        if index is None:
+            host = _Host()
+            host.finish(call(host, self._gloo))
+            return _done(result)
+        cuda = torch.device("cuda", index - 1)
+        stream = torch.cuda.ExternalStream(torch.saturn.stream_handle(index), device=cuda)
+        gpu = _Gpu(index)
+        with torch.cuda.device(cuda), torch.cuda.stream(stream):
+            gpu.finish(call(gpu, self._nccl()))
         return _done(result)
 
     # --- collectives (c10d's names; older and newer spellings of the same call) --------
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        return self._run(tensors, lambda h: self._gloo.allreduce(h.many(tensors, True), opts))
+        return self._run(tensors, lambda m, g: g.allreduce(m.many(tensors, True), opts), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
         return self._run(
-            tensors, lambda h: self._gloo.allreduce_coalesced(h.many(tensors, True), opts)
+            tensors, lambda m, g: g.allreduce_coalesced(m.many(tensors, True), opts), tensors
         )
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        return self._run(tensors, lambda h: self._gloo.broadcast(h.many(tensors, True), opts))
+        return self._run(tensors, lambda m, g: g.broadcast(m.many(tensors, True), opts), tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
         return self._run(
             output_lists,
-            lambda h: self._gloo.allgather(
-                h.nested(output_lists, True), h.many(inputs, False), opts
-            ),
+            lambda m, g: g.allgather(m.nested(output_lists, True), m.many(inputs, False), opts),
+            (output_lists, inputs),
         )
 
     def all_gather_single(self, output, input, opts=None):
@@ -147,9 +265,10 @@ class SaturnProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         return self._run(
             outputs,
-            lambda h: self._gloo.reduce_scatter(
-                h.many(outputs, True), h.nested(input_lists, False), opts
+            lambda m, g: g.reduce_scatter(
+                m.many(outputs, True), m.nested(input_lists, False), opts
             ),
+            (outputs, input_lists),
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -162,13 +281,13 @@ class SaturnProcessGroup(dist.ProcessGroup):
         return _done(outputs)
 
     def barrier(self, opts=None):
-        return self._run(None, lambda h: self._gloo.barrier(opts or dist.BarrierOptions()))
+        return self._run(None, lambda m, g: g.barrier(opts or dist.BarrierOptions()))
 
     def send(self, tensors, dst: int, tag: int = 0):
-        return self._run(tensors, lambda h: self._gloo.send(h.many(tensors, False), dst, tag))
+        return self._run(tensors, lambda m, g: g.send(m.many(tensors, False), dst, tag), tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        return self._run(tensors, lambda h: self._gloo.recv(h.many(tensors, True), src, tag))
+        return self._run(tensors, lambda m, g: g.recv(m.many(tensors, True), src, tag), tensors)
 
 
 # A collective is opaque to tracing: Dynamo, compiling a DDP model's forward, would otherwise

@@ -1,10 +1,20 @@
-"""torch.distributed on saturn:0 (``saturn.distributed``): two processes, each collective
-against gloo on CPU tensors (odd sizes, strided tensors, every float dtype, bit for bit);
-DDP and FSDP2 of a model compiled with saturn trained for 20 steps, matching one process
-trained on the combined batch; a saturn GPU tensor refused with its device named."""
+"""torch.distributed on saturn tensors (``saturn.distributed``).
+
+saturn:0: two processes, each collective against gloo on CPU tensors (odd sizes, strided
+tensors, every float dtype, bit for bit); DDP and FSDP2 of a model compiled with saturn
+trained for 20 steps, matching one process trained on the combined batch, the DDP one also
+launched by ``torchrun``.
+
+GPUs (NCCL over CUDA views of saturn's memory): in one process, a group of one on saturn:1,
+each collective reading what saturn wrote just before and written before saturn reads it
+(stream order), strided tensors, every dtype, a mix of devices refused, DDP of a compiled
+model; with two GPUs, each collective against NCCL on CUDA tensors bit for bit, DDP
+training against one process, and peer copies."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,10 +30,14 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 STEPS = 20
 
 
-def _init(rank: int, path: str) -> None:
+def _init(rank: int, path: str | None) -> None:
+    """Join the group: through a file store, or (``path`` None) torchrun's environment."""
     import saturn  # noqa: F401 (registers the backend)
 
-    dist.init_process_group("saturn", init_method=f"file://{path}", rank=rank, world_size=WORLD)
+    if path is None:
+        dist.init_process_group("saturn")
+    else:
+        dist.init_process_group("saturn", init_method=f"file://{path}", rank=rank, world_size=WORLD)
 
 
 def _values(rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
@@ -78,11 +92,17 @@ def _collectives(rank: int, dev: str, group) -> dict[str, torch.Tensor]:
     return out
 
 
-def _collectives_worker(rank: int, path: str, result: str) -> None:
+def _collectives_worker(rank: int, path: str, result: str, gpu: bool = False) -> None:
+    """Every collective on saturn tensors (saturn's group) and on the reference's tensors
+    through the reference's own group: gloo on CPU tensors, or on GPUs NCCL on CUDA ones."""
     _init(rank, path)
-    gloo = dist.new_group(backend="gloo")
-    mine = _collectives(rank, "saturn:0", None)
-    theirs = _collectives(rank, "cpu", gloo)
+    if gpu:
+        torch.cuda.set_device(rank)
+        mine = _collectives(rank, f"saturn:{rank + 1}", None)
+        theirs = _collectives(rank, f"cuda:{rank}", dist.new_group(backend="nccl"))
+    else:
+        mine = _collectives(rank, "saturn:0", None)
+        theirs = _collectives(rank, "cpu", dist.new_group(backend="gloo"))
     torch.save((mine, theirs), f"{result}.{rank}")
     dist.destroy_process_group()
 
@@ -91,11 +111,23 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.itemsize])
 
 
+def _two_gpus() -> None:
+    import saturn  # noqa: F401
+
+    if torch.saturn.gpu_count() < 2 or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+
+
 @pytest.mark.slow
-def test_each_collective_on_saturn0_is_gloos_on_cpu_tensors(tmp_path):
+@pytest.mark.parametrize(
+    "gpu", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["saturn0-gloo", "gpus-nccl"]
+)
+def test_each_collective_is_the_reference_groups(tmp_path, gpu):
+    if gpu:
+        _two_gpus()
     mp.spawn(
         _collectives_worker,
-        args=(str(tmp_path / "store"), str(tmp_path / "r")),
+        args=(str(tmp_path / "store"), str(tmp_path / "r"), gpu),
         nprocs=WORLD,
     )
     for rank in range(WORLD):
@@ -120,11 +152,13 @@ def _batches() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(STEPS, 8, 8, generator=g), torch.randn(STEPS, 8, 4, generator=g)
 
 
-def _train_worker(rank: int, path: str, result: str, wrap: str) -> None:
+def _train_worker(rank: int, path: str | None, result: str, wrap: str, gpu: bool = False) -> None:
     _init(rank, path)
+    rank = dist.get_rank()
     from saturn import backend
 
-    model = _model().to("saturn:0")
+    device = f"saturn:{rank + 1}" if gpu else "saturn:0"
+    model = _model().to(device)
     if wrap == "ddp":
         trained = model
         step_fn = torch.nn.parallel.DistributedDataParallel(model)
@@ -140,7 +174,7 @@ def _train_worker(rank: int, path: str, result: str, wrap: str) -> None:
     compiled = torch.compile(step_fn, backend="saturn")
     opt = torch.optim.SGD(trained.parameters(), lr=0.1)
     for x, y in zip(*_batches(), strict=True):
-        x, y = x.chunk(WORLD)[rank].to("saturn:0"), y.chunk(WORLD)[rank].to("saturn:0")
+        x, y = x.chunk(WORLD)[rank].to(device), y.chunk(WORLD)[rank].to(device)
         loss = ((compiled(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -162,14 +196,7 @@ def _one_process() -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
-def test_compiled_training_in_two_processes_matches_one_on_the_whole_batch(tmp_path, wrap):
-    mp.spawn(
-        _train_worker,
-        args=(str(tmp_path / "store"), str(tmp_path / "r"), wrap),
-        nprocs=WORLD,
-    )
+def _check_trained(tmp_path: Path) -> None:
     want = _one_process()
     first = _model()
     for rank in range(WORLD):
@@ -180,6 +207,50 @@ def test_compiled_training_in_two_processes_matches_one_on_the_whole_batch(tmp_p
             assert not torch.equal(w, w0.detach())  # the model did train
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_compiled_training_in_two_processes_matches_one_on_the_whole_batch(tmp_path, wrap):
+    mp.spawn(
+        _train_worker,
+        args=(str(tmp_path / "store"), str(tmp_path / "r"), wrap),
+        nprocs=WORLD,
+    )
+    _check_trained(tmp_path)
+
+
+@pytest.mark.slow
+def test_ddp_launched_by_torchrun(tmp_path):
+    """``torchrun`` starts the two processes; the group comes from its environment."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            str(Path(__file__)),
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    _check_trained(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_compiled_ddp_on_two_gpus_matches_one_process(tmp_path):
+    _two_gpus()
+    mp.spawn(
+        _train_worker,
+        args=(str(tmp_path / "store"), str(tmp_path / "r"), "ddp", True),
+        nprocs=WORLD,
+    )
+    _check_trained(tmp_path)
+
+
 def test_the_backend_is_registered_for_the_saturn_device():
     import saturn  # noqa: F401
 
@@ -187,16 +258,117 @@ def test_the_backend_is_registered_for_the_saturn_device():
     assert "saturn" in dist.Backend.backend_list
 
 
-@pytest.mark.gpu
-def test_a_gpu_tensor_is_refused_with_its_device_named():
-    import saturn  # noqa: F401
-    from saturn.distributed import _Host
+# --- one GPU: a group of one in this process ------------------------------------------
 
-    if not torch.saturn.gpu_count():
+
+@pytest.fixture
+def group_of_one():
+    import saturn  # noqa: F401
+
+    if not torch.saturn.gpu_count() or not torch.cuda.is_available():
         pytest.skip("no saturn GPU")
-    t = torch.ones(3, device="saturn:1")
-    with pytest.raises(NotImplementedError, match="saturn:1"):
-        _Host().one(t, written=True)
+    path = Path(tempfile.mkdtemp()) / "store"
+    dist.init_process_group("saturn", init_method=f"file://{path}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_gpu_collectives_in_stream_order(group_of_one, dtype):
+    """What saturn wrote just before a collective is what NCCL reads, and what NCCL wrote
+    is what saturn reads just after (saturn's stream, with a long kernel ahead of each)."""
+    dev = "saturn:1"
+    n = 1 << 20
+    base = (torch.arange(n) % 97).to(dtype)
+    slow = torch.randn(2048, 2048, device=dev)
+    for _ in range(4):  # device work queued ahead: a collective not ordered after it reads early
+        slow = slow @ slow / 64
+    x = base.to(dev) * 2  # written by saturn right before the collective
+    dist.all_reduce(x)
+    assert torch.equal((x + 1).cpu(), base * 2 + 1)
+    out = torch.zeros(n, dtype=dtype, device=dev)
+    dist.all_gather_into_tensor(out, base.to(dev) + 3)
+    assert torch.equal(out.cpu(), base + 3)
+    mine = torch.zeros(n, dtype=dtype, device=dev)
+    dist.reduce_scatter_tensor(mine, base.to(dev) - 1)
+    assert torch.equal(mine.cpu(), base - 1)
+    parts = [torch.zeros(7, dtype=dtype, device=dev)]
+    dist.all_gather(parts, base[:7].to(dev))
+    assert torch.equal(parts[0].cpu(), base[:7])
+    y = base[:9].to(dev)
+    work = dist.broadcast(y, src=0, async_op=True)
+    assert work.wait() and torch.equal(y.cpu(), base[:9])
+    assert torch.isfinite(slow.float()).all()
+
+
+@pytest.mark.gpu
+def test_gpu_collective_on_a_strided_tensor_writes_it_back(group_of_one):
+    buf = torch.zeros(14, device="saturn:1")
+    view = buf[::2]  # not dense: packed for NCCL, the result copied back into the view
+    view.copy_(torch.arange(7.0).to("saturn:1"))
+    dist.all_reduce(view, op=dist.ReduceOp.MAX)
+    want = torch.zeros(14)
+    want[::2] = torch.arange(7.0)
+    assert torch.equal(buf.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_collective_aliases_saturns_memory(group_of_one):
+    """NCCL is handed saturn's own memory: a CUDA view at the same address, no copy."""
+    from saturn.distributed import cuda_alias
+
+    t = torch.arange(6.0, device="saturn:1").view(2, 3)
+    a = cuda_alias(t)
+    assert a.device == torch.device("cuda", 0) and a.data_ptr() == t.data_ptr()
+    assert a.shape == t.shape and a.dtype == t.dtype
+    b = cuda_alias(torch.ones(3, dtype=torch.bfloat16, device="saturn:1"))  # no type string
+    assert b.dtype == torch.bfloat16 and torch.equal(b.cpu(), torch.ones(3, dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_a_collective_mixing_devices_is_refused_naming_them(group_of_one):
+    parts = [torch.zeros(3)]
+    with pytest.raises(ValueError, match="cpu, saturn:1"):
+        dist.all_gather(parts, torch.ones(3, device="saturn:1"))
+
+
+@pytest.mark.gpu
+def test_compiled_ddp_on_one_gpu_trains_like_one_process(group_of_one):
+    """DDP's reducer (buckets, the gradient all_reduce through NCCL) on a saturn-compiled
+    model on saturn:1, in a group of one: the parameters of one process on the batch."""
+    from saturn import backend
+
+    model = _model().to("saturn:1")
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    compiled = torch.compile(ddp, backend="saturn")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = len(backend.CACHE.fallbacks)
+    for x, y in zip(*_batches(), strict=True):
+        loss = ((compiled(x.to("saturn:1")) - y.to("saturn:1")) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert backend.CACHE.fallbacks[before:] == []
+    for g, w in zip(model.parameters(), _one_process(), strict=True):
+        torch.testing.assert_close(g.detach().cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_peer_copies_between_two_gpus():
+    _two_gpus()
+    x = torch.randn(1000, 37)
+    a = x.to("saturn:1")
+    b = a.to("saturn:2")  # device to device, no host
+    assert b.device == torch.device("saturn", 2) and torch.equal(b.cpu(), x)
+    c = b[:, ::2].to("saturn:1")  # a strided source
+    assert torch.equal(c.cpu(), x[:, ::2])
+    d = torch.empty(1000, 37, device="saturn:2")
+    d.copy_(a)
+    assert torch.equal(d.cpu(), x)
 
 
 @pytest.mark.parametrize("spec", ["saturn", "cpu:gloo,saturn:saturn", None])
@@ -233,3 +405,7 @@ def test_a_process_group_of_one_on_saturn0():
         assert dist.get_backend() == "saturn"
     finally:
         dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # one of torchrun's processes (test_ddp_launched_by_torchrun)
+    _train_worker(0, None, sys.argv[1], "ddp")
