@@ -371,6 +371,24 @@ def test_peer_copies_between_two_gpus():
     assert torch.equal(d.cpu(), x)
 
 
+@pytest.mark.gpu
+def test_a_compiled_graph_reading_two_gpus_runs_uncompiled_with_the_devices_named():
+    """A graph whose inputs live on saturn:1 and saturn:2 (the model moves one explicitly)
+    is not compiled for one device: it runs as eager runs it, the reason naming both."""
+    _two_gpus()
+    from saturn import backend
+
+    def f(a, b):
+        return (a.to("saturn:1") * 2 + b).relu()
+
+    a, b = torch.randn(64), torch.randn(64)
+    before = len(backend.CACHE.fallbacks)
+    got = torch.compile(f, backend="saturn")(a.to("saturn:2"), b.to("saturn:1"))
+    assert torch.equal(got.cpu(), (a * 2 + b).relu())
+    (reason,) = backend.CACHE.fallbacks[before:]
+    assert "saturn:1" in reason and "saturn:2" in reason, reason
+
+
 @pytest.mark.parametrize("spec", ["saturn", "cpu:gloo,saturn:saturn", None])
 def test_each_way_of_naming_the_backend_gives_saturns_group(spec):
     """The backend named alone, mapped for the device beside gloo for the CPU, or not named
