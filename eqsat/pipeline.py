@@ -24,6 +24,7 @@ from .lowering import lower
 from .materialise import extract_shared
 from .ownership import OutputOwnership, output_ownership
 from .program import Program
+from .reshape_fusion import inline_through_reshapes
 from .schema import half_facts
 
 
@@ -112,7 +113,7 @@ def compile_graph(
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
-        program = merge_concats(program)
+        program = merge_concats(inline_through_reshapes(program))
     # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)

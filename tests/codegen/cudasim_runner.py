@@ -32,6 +32,23 @@ GRAPHS = {
     "reduce_apart": "(input x f32 [3 4 5])\n(input w f32 [5])\n"
     "(let s (Sum (Mul x w) [0 2] 0))\n(let m (Amax x [0 2] 1))\n"
     "(let r (Add m (View s [1 4 1])))\n(output r s)",
+    # rotary embeddings (inline_through_reshapes): rotate_half's cat, a where on a
+    # [.., 2, d/2] grid, computed inside the loop over [.., d] that reads it through a
+    # reshape (the query a permuted view, cos and sin broadcast); the table's cat read by
+    # two loops (in place of cos and sin: the simulator's math.cos raises at infinity),
+    # inlined into both
+    "rotary": "(input q f32 [2 16 4 16])\n(input f f32 [1 16 8])\n"
+    "(let t (Permute q [0 2 1 3]))\n(let i (Arange 0 1 2 i64))\n"
+    "(let iv (View i [1 1 1 2 1]))\n(let sel (Eq iv (Scalar 0.0 i64)))\n"
+    "(let fa (View f [1 16 1 8]))\n(let fw (Expand fa [1 16 2 8]))\n"
+    "(let it (View i [1 1 2 1]))\n(let st (Eq it (Scalar 0.0 i64)))\n"
+    "(let fc (Where st fw fw))\n(let emb (View fc [1 16 16]))\n"
+    "(let c (View (Mul emb (Scalar 0.5 f32)) [1 1 16 16]))\n(let s (View (Neg emb) [1 1 16 16]))\n"
+    "(let x1 (Slice t 3 0 8 1))\n(let x2 (Slice t 3 8 16 1))\n(let n (Neg x2))\n"
+    "(let a (Expand (View n [2 4 16 1 8]) [2 4 16 2 8]))\n"
+    "(let b (Expand (View x1 [2 4 16 1 8]) [2 4 16 2 8]))\n"
+    "(let w (Where sel a b))\n(let rot (View w [2 4 16 16]))\n"
+    "(let r (Add (Mul t c) (Mul rot s)))\n(output r)",
     "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
     "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
     "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n"
