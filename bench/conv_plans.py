@@ -1,6 +1,6 @@
 """Where a convolution's compile time goes: cuDNN plan building and autotuning per dtype.
 
-    python bench/conv_plans.py [--batch 32] [--compiled-shapes 2]
+    python bench/conv_plans.py [--batch 32] [--compiled-shapes 2] [--layouts]
 
 For ResNet-18's and MobileNetV2's convolution shapes at 224 px, on CUDA memory: seconds to
 build the plan (``codegen.conv.ConvPlan``), seconds to autotune it (build and time the first
@@ -8,6 +8,11 @@ eight candidates), the candidates timed and the chosen plan's device millisecond
 float32 and bfloat16; first with precompiled engines only (saturn's default), then, for the
 first ``--compiled-shapes`` shapes, with runtime-compiled (NVRTC) engines admitted. Compare
 the chosen plan's time with eager's ``nnf.conv2d`` (CUDA events, median of 20).
+
+With ``--layouts``, each shape in float32 and bfloat16 twice instead: every operand packed
+(NCHW, the layout saturn's programs give a convolution today) and every operand
+channels-last (NHWC memory: the image, the weight and the output), the plan and eager's
+call alike, to see what the layout is worth to cuDNN.
 """
 
 from __future__ import annotations
@@ -56,11 +61,12 @@ def eager_ms(x, w, s, p, g) -> float:
     return statistics.median(times)
 
 
-def one(shape, dtype, batch: int, compiled: bool, keep: list) -> str:
+def one(shape, dtype, batch: int, compiled: bool, keep: list, cl: bool = False) -> str:
     (c, h, wd), wshape, s, p, g = shape
-    x = torch.randn(batch, c, h, wd, device="cuda", dtype=dtype)
-    w = torch.randn(*wshape, device="cuda", dtype=dtype)
-    out = nnf.conv2d(x, w, None, s, p, 1, g)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    x = torch.randn(batch, c, h, wd, device="cuda", dtype=dtype).to(memory_format=fmt)
+    w = torch.randn(*wshape, device="cuda", dtype=dtype).to(memory_format=fmt)
+    out = nnf.conv2d(x, w, None, s, p, 1, g).to(memory_format=fmt)
     stream = torch.cuda.current_stream().cuda_stream
     params = ConvParams((s, s), (p, p), (1, 1), g)
 
@@ -76,7 +82,8 @@ def one(shape, dtype, batch: int, compiled: bool, keep: list) -> str:
     t2 = time.perf_counter()
     tuned = plan.tuned[0] if plan.tuned else float("nan")
     return (
-        f"{NAMES[dtype]:4} {'nvrtc' if plan.runtime_compiled else 'pre':5} "
+        f"{NAMES[dtype]:4} {'nhwc' if cl else 'nchw'} "
+        f"{'nvrtc' if plan.runtime_compiled else 'pre':5} "
         f"x{list(x.shape)} w{list(w.shape)} s{s} g{g}: build {t1 - t0:6.2f} s, "
         f"autotune {t2 - t1:6.2f} s ({plan.candidates} plans), "
         f"chosen {tuned:.3f} ms, eager {eager_ms(x, w, s, p, g):.3f} ms"
@@ -87,8 +94,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--compiled-shapes", type=int, default=2)
+    ap.add_argument("--layouts", action="store_true", help="NCHW against channels-last")
     a = ap.parse_args()
     keep: list = []
+    if a.layouts:
+        for dtype in (torch.bfloat16, torch.float32):
+            for shape in SHAPES:
+                for cl in (False, True):
+                    print(one(shape, dtype, a.batch, False, keep, cl), flush=True)
+        return
     for dtype in (torch.float32, torch.bfloat16):
         for shape in SHAPES:
             print(one(shape, dtype, a.batch, False, keep), flush=True)

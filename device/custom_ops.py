@@ -41,6 +41,7 @@ from saturn.eqsat.errors import EqsatError
 from saturn.eqsat.graph import Graph, parse_graph
 
 from .dtypes import DTYPES
+from .eager_registry import impl
 
 REGISTRY: dict[str, CustomOp] = {}  # qualified name "ns::op" -> op
 _COUNTS: Counter = Counter()
@@ -343,7 +344,7 @@ def custom_op(
         lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
     lib.define(f"{opname}{schema}")
     lib.impl(opname, op.cpu_impl, "CPU")
-    lib.impl(opname, op.device_impl, "PrivateUse1")
+    impl(lib, opname, op.device_impl)
     torch.library.register_fake(name, reference, lib=lib)
     if backward is not None:
         torch.library.register_autograd(name, backward, setup_context=setup_context, lib=lib)
@@ -413,7 +414,7 @@ def _install_replacement(op: CustomOp) -> None:
     if lib is None:
         lib = _LIBS[f"{ns}-impl"] = torch.library.Library(ns, "IMPL")
     name = opname if overload == "default" else f"{opname}.{overload}"
-    lib.impl(name, op.device_impl, "PrivateUse1")
+    impl(lib, name, op.device_impl)
 
 
 def replacement_for(target: str) -> CustomOp | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .eager_pointwise import _cpu
+from .eager_registry import impl
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -35,5 +36,5 @@ def convolution_backward(
     return _cpu("convolution_backward_overrideable", op, args, {}, False)
 
 
-_lib.impl("convolution_overrideable", convolution, "PrivateUse1")
-_lib.impl("convolution_backward_overrideable", convolution_backward, "PrivateUse1")
+impl(_lib, "convolution_overrideable", convolution)
+impl(_lib, "convolution_backward_overrideable", convolution_backward)

@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from .eager_registry import impl
+
 _lib = torch.library.Library("aten", "IMPL")
 
 
@@ -73,7 +75,7 @@ def clone(x: torch.Tensor, memory_format=None) -> torch.Tensor:
     return out.copy_(x)
 
 
-_lib.impl("clone", clone, "PrivateUse1")
+impl(_lib, "clone", clone)
 
 _DRIVER = None
 
@@ -148,6 +150,6 @@ def fill_tensor_(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return fill_(x, value.item())
 
 
-_lib.impl("fill_.Scalar", fill_, "PrivateUse1")
-_lib.impl("fill_.Tensor", fill_tensor_, "PrivateUse1")
-_lib.impl("zero_", zero_, "PrivateUse1")
+impl(_lib, "fill_.Scalar", fill_)
+impl(_lib, "fill_.Tensor", fill_tensor_)
+impl(_lib, "zero_", zero_)

@@ -32,6 +32,7 @@ import torch
 
 from .dtypes import DTYPES
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached
+from .eager_registry import impl
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -185,6 +186,6 @@ def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha
         return _cpu("addmm", torch.ops.aten.addmm.default, (bias, a, b), kwargs, False)
 
 
-_lib.impl("mm", mm, "PrivateUse1")
-_lib.impl("bmm", bmm, "PrivateUse1")
-_lib.impl("addmm", addmm, "PrivateUse1")
+impl(_lib, "mm", mm)
+impl(_lib, "bmm", bmm)
+impl(_lib, "addmm", addmm)

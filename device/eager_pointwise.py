@@ -34,6 +34,7 @@ from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .dtypes import DTYPES
 from .eager_kernels import byte_span, is_non_overlapping_and_dense
+from .eager_registry import impl
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -407,7 +408,7 @@ def _register(
         except DeclinedError:
             return _cpu(name, op, args, kwargs, inplace)
 
-    _lib.impl(name, kernel, "PrivateUse1")
+    impl(_lib, name, kernel)
 
 
 def _x(i: int) -> In:
@@ -565,4 +566,4 @@ def _copy_plan(src: torch.Tensor, dst: torch.Tensor) -> tuple | None:
 
 
 _rt_lib = torch.library.Library("saturn_rt", "IMPL")  # kept: a dropped Library unregisters
-_rt_lib.impl("device_copy", device_copy, "PrivateUse1")
+impl(_rt_lib, "device_copy", device_copy)

@@ -30,6 +30,7 @@ from saturn.eqsat.program import Kernel, Operand, packed_strides
 
 from .dtypes import DTYPES
 from .eager_pointwise import DeclinedError, _cpu, _gpu, cached, is_non_overlapping_and_dense
+from .eager_registry import impl
 
 _lib = torch.library.Library("aten", "IMPL")
 _DTYPES = {t: DTYPES[t] for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
@@ -143,7 +144,7 @@ def _register(name: str, kind: str, op, defaults: dict) -> None:
         except DeclinedError:
             return _cpu(name, op, (x, *args), kwargs, False)
 
-    _lib.impl(name, kernel, "PrivateUse1")
+    impl(_lib, name, kernel)
 
 
 _DIM = {"dim": None, "keepdim": False, "dtype": None}

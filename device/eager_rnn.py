@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .eager_registry import impl
+
 _lib = torch.library.Library("aten", "IMPL")
 
 
@@ -87,7 +89,7 @@ def gru_cell_backward(grad_hy, workspace, has_bias):
         return grad_input, grad_hidden, grad_hy * z, *biases
 
 
-_lib.impl("_thnn_fused_lstm_cell", lstm_cell, "PrivateUse1")
-_lib.impl("_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward, "PrivateUse1")
-_lib.impl("_thnn_fused_gru_cell", gru_cell, "PrivateUse1")
-_lib.impl("_thnn_fused_gru_cell_backward", gru_cell_backward, "PrivateUse1")
+impl(_lib, "_thnn_fused_lstm_cell", lstm_cell)
+impl(_lib, "_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward)
+impl(_lib, "_thnn_fused_gru_cell", gru_cell)
+impl(_lib, "_thnn_fused_gru_cell_backward", gru_cell_backward)

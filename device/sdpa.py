@@ -38,6 +38,7 @@ from saturn.codegen.gemm import Layout
 
 from .custom_ops import count_fallback, custom_op
 from .dtypes import DTYPES
+from .eager_registry import impl
 from .fused_attention import (
     _PLANS,  # noqa: F401 (tests read _PLANS)
     _layout,
@@ -296,4 +297,4 @@ def decomposition(
 
 
 _lib = torch.library.Library("aten", "IMPL")  # kept: a dropped Library unregisters
-_lib.impl("_scaled_dot_product_fused_attention_overrideable", overrideable, "PrivateUse1")
+impl(_lib, "_scaled_dot_product_fused_attention_overrideable", overrideable)
