@@ -79,11 +79,19 @@ class LibraryPlans:
                 return self._gemm_plan(k, lays, out, ptrs)
             return self._conv_plan(k, lays, (*ptrs, out.data_ptr()))
 
+        # a channels-last convolution (eqsat/channels_last.py) takes NHWC memory as it lies
+        nhwc = k.kind == Kind.CONV and k.attrs.get("channels_last", False)
+
+        def dense(t: torch.Tensor) -> bool:
+            return t.is_contiguous() or (
+                nhwc and t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+            )
+
         def packed_copies() -> dict[int, torch.Tensor]:
             return {
                 i: torch.empty(t.shape, dtype=t.dtype, device=t.device)
                 for i, t in enumerate(ops)
-                if not t.is_contiguous()
+                if not dense(t)
             }
 
         if k.kind == Kind.CONV:
@@ -141,7 +149,10 @@ class LibraryPlans:
         plan is timed against the float32 one and kept only where faster (as for GEMMs)."""
         a = k.attrs
         x, w, bias = key[0], key[1], key[2] if a["bias"] else None
-        out_lay = layout(self.buffers[k.output])
+        out = self.buffers[k.output]
+        if a.get("channels_last"):  # NHWC memory, handed to cuDNN with its NCHW extents
+            out = out.permute(0, 3, 1, 2)
+        out_lay = layout(out)
         params = ConvParams(
             tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
         )

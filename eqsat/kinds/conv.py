@@ -35,7 +35,9 @@ def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
     a = k.attrs
     b = operands[2] if a["bias"] else None
     x, w = operands[0], operands[1]
-    return conv2d(x, w, b, a["stride"], a["padding"], a["dilation"], a["groups"])
+    y = conv2d(x, w, b, a["stride"], a["padding"], a["dilation"], a["groups"])
+    # channels-last (eqsat/channels_last.py): the kernel's value is NHWC memory
+    return np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if a.get("channels_last") else y
 
 
 SPEC = KindSpec(

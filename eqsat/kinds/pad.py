@@ -14,6 +14,11 @@ def _lower(en, library, lw):
     return library("pad", list(en.kids), {"pads": tuple(pads), "value_bits": value})
 
 
+def _permuted(attrs: dict, order: tuple[int, ...]) -> dict:
+    pads = attrs["pads"]
+    return {**attrs, "pads": tuple(p for a in order for p in pads[2 * a : 2 * a + 2])}
+
+
 SPEC = KindSpec(
     name="pad",
     order=8,
@@ -29,4 +34,5 @@ SPEC = KindSpec(
     host=lambda k, ops, run: run("Pad", ops, (k.attrs["pads"], k.attrs["value_bits"])),
     emitter="saturn.codegen.pad",
     describe="saturn's pad kernel",
+    permuted=_permuted,
 )

@@ -61,6 +61,10 @@ class KindSpec:
     # None where the GPU runner builds it itself (bodies, library plans, custom ops)
     emitter: str | None = None
     describe: str = ""  # what runs it, for a reader (driver's --emit kernels)
+    # layout passes (eqsat/channels_last.py): the attributes of this kind's kernel with its
+    # one operand and its output both permuted by ``order`` (the same elements, the axes
+    # in another order); None where the kind has no such form
+    permuted: Callable[[dict, tuple[int, ...]], dict] | None = None
     # a kind that reads at indices: what a user wrote that makes one, and the indices in
     # range, for the error an index out of range raises
     index_error: str = ""

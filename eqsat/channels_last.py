@@ -1,0 +1,327 @@
+"""Half-precision convolutions in channels-last memory, on a lowered GPU program.
+
+cuDNN's half-precision convolutions run on tensor cores in NHWC memory: measured on an H100
+(``bench/conv_plans.py --layouts``, bfloat16, batch 32, ResNet's shapes), the chosen plan
+for packed NHWC operands took 0.009-0.025 ms where NCHW took 0.027-0.056 ms, 2-3 times
+as long. So a float16 or bfloat16 convolution with one group writes its output in NHWC
+memory (the value the program names is a permuted view of it, the same NCHW tensor), and
+reads its image and weight in NHWC memory: as they lie where they are already, else
+through a copy made for it. Float32 plans (no tensor cores with TF32 off: NHWC was as fast
+or slower) and grouped convolutions (depthwise NHWC took 4-8 times as long) keep NCHW.
+
+The layout then travels: a loop over a rank-4 domain whose full-size operands all lie in
+NHWC order runs over the permuted domain (N, H, W, C), so that it reads them packed and
+writes its own output in NHWC memory (again a permuted view under its own name), its
+per-channel operands (batch norm's, biases) read along the last axis; a kernel of a kind that
+takes its axes in any order (``KindSpec.permuted``: a pad, max pooling's border) of such
+a value runs over the permuted one. Every value keeps its shape and its
+elements; only where they lie in memory changes, and every reader reads through the
+views, so the program computes the same values (the evaluator's tests compare them).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from .kinds import BY_KIND, Kind
+from .op_base import HALVES
+from .program import (
+    Kernel,
+    Operand,
+    Program,
+    Step,
+    StepKind,
+    indexing,
+    packed_strides,
+    renumber,
+    validate,
+    view_strides,
+)
+
+NHWC = (0, 2, 3, 1)  # NCHW axes in NHWC memory order
+NCHW = (0, 3, 1, 2)  # back: a permute of an NHWC value to NCHW
+
+
+def _permuted(seq, order) -> tuple:
+    return tuple(seq[a] for a in order)
+
+
+def nhwc_ordered(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether a rank-4 value lies with its axes in NHWC order in memory (strides
+    decreasing along N, H, W, C, size-1 axes ignored) and its channels not broadcast."""
+    if strides is None or len(shape) != 4 or shape[1] == 1 or 0 in strides:
+        return False
+    st = [strides[a] for a in NHWC if shape[a] > 1]
+    return all(a > b for a, b in itertools.pairwise(st))
+
+
+class _Layouts:
+    """The element strides of every value, as the program lays them out (packed kernel
+    outputs and inputs, views of them), built step by step; None where unknown."""
+
+    def __init__(self) -> None:
+        self.strides: dict[str, tuple[int, ...] | None] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+
+    def add(self, s: Step) -> None:
+        shape = tuple(s.shape)
+        self.shapes[s.output] = shape
+        if s.kind != StepKind.VIEW:
+            self.strides[s.output] = packed_strides(shape)
+            return
+        src = self.strides.get(s.args[0])
+        src_shape = self.shapes.get(s.args[0])
+        if src is None or src_shape is None:
+            self.strides[s.output] = None
+        elif s.op == "Permute":
+            self.strides[s.output] = _permuted(src, s.attrs[0])
+        elif s.op == "Slice":
+            dim, step = s.attrs[0] % len(src), s.attrs[3]
+            self.strides[s.output] = tuple(
+                st * step if i == dim else st for i, st in enumerate(src)
+            )
+        elif s.op == "Expand":
+            pad = len(shape) - len(src)
+            old = (1,) * pad + src_shape
+            st = (0,) * pad + src
+            self.strides[s.output] = tuple(
+                0 if o == 1 and n != 1 else t for o, n, t in zip(old, shape, st, strict=True)
+            )
+        elif s.op == "View":
+            self.strides[s.output] = view_strides(src_shape, src, shape)
+        else:
+            self.strides[s.output] = None
+
+
+def channels_last(prog: Program) -> Program:
+    """Half convolutions in NHWC memory and the loops and pads around them (module
+    docstring)."""
+    lay = _Layouts()
+    out: list[Step] = []
+    changed = False
+
+    def emit(s: Step) -> None:
+        out.append(s)
+        lay.add(s)
+
+    def view(src: str, op: str, attrs: tuple, dtype: str, shape, place: str) -> str:
+        name = f"{src}_{op.lower()}{len(out)}"
+        emit(Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(shape), place))
+        return name
+
+    def packed(v: str, dtype: str, shape, place: str) -> str:
+        """A packed copy of ``v``."""
+        copy = _copy(f"{v}_packed{len(out)}", v, dtype, shape, place)
+        emit(copy)
+        return copy.output
+
+    def in_nhwc(v: str, dtype: str, place: str) -> str:
+        """A view of ``v`` (NCHW) whose memory is packed NHWC: ``v``'s own, or a copy's."""
+        shape = lay.shapes[v]
+        if _dense_nhwc(shape, lay.strides.get(v)):
+            return v
+        src = view(v, "Permute", (NHWC,), dtype, _permuted(shape, NHWC), place)
+        copy = _copy(f"{v}_nhwc{len(out)}", src, dtype, _permuted(shape, NHWC), place)
+        emit(copy)
+        return view(copy.output, "Permute", (NCHW,), dtype, shape, place)
+
+    outputs = set(prog.outputs)
+    relaid: set[str] = set()  # values whose memory is NHWC now, and views of them
+    for s in prog.steps:
+        k = s.kernel
+        if s.output in outputs:  # a program's output keeps the layout eager gives it
+            k = None
+        if k is not None and k.kind == Kind.CONV and _half_dense_conv(k):
+            x = in_nhwc(k.inputs[0].value, k.dtype, s.place)
+            w = in_nhwc(k.inputs[1].value, k.dtype, s.place)
+            ops = [
+                Operand(x, k.dtype, k.inputs[0].shape, "strided"),
+                Operand(w, k.dtype, k.inputs[1].shape, "strided"),
+                *k.inputs[2:],
+            ]
+            _relaid(s, k, ops, {**k.attrs, "channels_last": True}, emit)
+            changed = True
+        elif k is not None and k.kind == Kind.LOOP and _loop_in_nhwc(k, lay):
+            ops = [_operand_in_nhwc(o, k.domain, lay, view, s.place) for o in k.inputs]
+            _relaid(s, k, ops, dict(k.attrs), emit)
+            changed = True
+        elif (
+            k is not None
+            and (spec := BY_KIND.get(k.kind)) is not None
+            and spec.permuted is not None
+            and len(k.inputs) == 1
+            and len(k.shape) == 4
+            and nhwc_ordered(k.inputs[0].shape, lay.strides.get(k.inputs[0].value))
+        ):  # a kind whose kernel takes its axes in any order (a pad: max pooling's border)
+            o = k.inputs[0]
+            src = view(o.value, "Permute", (NHWC,), o.dtype, _permuted(o.shape, NHWC), s.place)
+            ops = [Operand(src, o.dtype, _permuted(o.shape, NHWC), "strided")]
+            _relaid(s, k, ops, spec.permuted(k.attrs, NHWC), emit)
+            changed = True
+        else:
+            if s.kernel is not None:
+                s = _reads_fixed(s, lay, view, packed)
+            emit(s)
+            if s.kind == StepKind.VIEW and s.args[0] in relaid:
+                relaid.add(s.output)
+            continue
+        relaid.add(s.output)
+    if not changed:
+        return prog
+    # an output that views NHWC memory now (a permute, slice or reshape of a relaid value)
+    # is written packed, as it was: its strides are what eager's would be
+    names = []
+    for v in prog.outputs:
+        if v in relaid:
+            step = next(s for s in out if s.output == v)
+            v = packed(v, step.dtype, lay.shapes[v], step.place)
+        names.append(v)
+    new = renumber(Program(out, names, prog.inputs))
+    validate(new)
+    return new
+
+
+def packed_like(shape, strides) -> bool:
+    """Whether ``strides`` lay ``shape`` out packed (size-1 axes' strides aside)."""
+    return strides is not None and all(
+        n == 1 or a == b for n, a, b in zip(shape, strides, packed_strides(shape), strict=True)
+    )
+
+
+def _rest(o: Operand) -> tuple:
+    return (o.dtype, o.shape, o.indexing)
+
+
+def _reads_fixed(s: Step, lay: _Layouts, view, packed) -> Step:
+    """Kernel step ``s``, not relaid itself, reading each operand as it now lies: an
+    operand read as packed ("same", or a broadcast by its flat index) that lies in NHWC
+    memory now is read through its strides by a loop, and through a packed copy by any
+    other kernel."""
+    k = s.kernel
+    ops = []
+    for o in k.inputs:
+        if o.indexing in ("strided", "scalar") or packed_like(o.shape, lay.strides.get(o.value)):
+            ops.append(o)
+        elif k.kind == Kind.LOOP:
+            name, dom = o.value, tuple(k.domain)
+            if tuple(o.shape) != dom:
+                padded = (1,) * (len(dom) - len(o.shape)) + tuple(o.shape)
+                if padded != tuple(o.shape):
+                    name = view(name, "View", (padded,), o.dtype, padded, s.place)
+                name = view(name, "Expand", (dom,), o.dtype, dom, s.place)
+            ops.append(Operand(name, o.dtype, dom, "strided"))
+        else:
+            ops.append(Operand(packed(o.value, o.dtype, o.shape, s.place), *_rest(o)))
+    if all(a is b for a, b in zip(ops, k.inputs, strict=True)):
+        return s
+    kernel = replace(k, inputs=ops)
+    return replace(s, kernel=kernel, args=tuple(o.value for o in ops))
+
+
+def _dense_nhwc(shape, strides) -> bool:
+    return strides is not None and _permuted(strides, NHWC) == packed_strides(
+        _permuted(shape, NHWC)
+    )
+
+
+def _half_dense_conv(k: Kernel) -> bool:
+    return (
+        k.dtype in HALVES
+        and k.attrs.get("groups") == 1
+        and len(k.shape) == 4
+        and not k.attrs.get("channels_last")
+    )
+
+
+def _loop_in_nhwc(k: Kernel, lay: _Layouts) -> bool:
+    """A rank-4 loop whose full-size operands all lie in NHWC order (at least one)."""
+    dom = tuple(k.domain)
+    if len(dom) != 4 or tuple(k.shape) != dom or dom[1] == 1:
+        return False
+    full = [o for o in k.inputs if tuple(o.shape) == dom]
+    return bool(full) and all(nhwc_ordered(dom, lay.strides.get(o.value)) for o in full)
+
+
+def _operand_in_nhwc(o: Operand, dom, lay: _Layouts, view, place: str) -> Operand:
+    """How the loop over the permuted domain reads operand ``o``."""
+    fine = _permuted(dom, NHWC)
+    if o.indexing == "scalar":
+        return o
+    padded = (1,) * (4 - len(o.shape)) + tuple(o.shape)
+    name = o.value
+    if padded != tuple(o.shape):
+        name = view(name, "View", (padded,), o.dtype, padded, place)
+    shape = _permuted(padded, NHWC)
+    name = view(name, "Permute", (NHWC,), o.dtype, shape, place)
+    strides = lay.strides.get(name)
+    if shape == fine and packed_like(fine, strides):
+        return Operand(name, o.dtype, fine, "same")
+    how = indexing(shape, fine)
+    if how == "strided" or shape == fine or not packed_like(shape, strides):
+        if shape != fine:
+            name = view(name, "Expand", (fine,), o.dtype, fine, place)
+        return Operand(name, o.dtype, fine, "strided")
+    return Operand(name, o.dtype, shape, how)
+
+
+def _relaid(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit) -> None:
+    """Step ``s`` writing NHWC memory: the kernel over the permuted shape (a convolution
+    is still handed NCHW extents, over this memory: ``channels_last``), then the permuted
+    view back to ``s``'s shape under ``s``'s name."""
+    shape = _permuted(tuple(k.shape), NHWC)
+    kernel = Kernel(
+        k.kind,
+        f"{s.output}_nhwc",
+        k.dtype,
+        shape,
+        ops,
+        k.body,
+        shape,
+        attrs,
+        k.covers,
+        k.fused,
+        k.epilogue,
+        k.stages,
+    )
+    emit(
+        Step(
+            StepKind.KERNEL,
+            kernel.output,
+            s.op,
+            tuple(o.value for o in ops),
+            s.attrs,
+            s.dtype,
+            shape,
+            s.place,
+            kernel,
+            s.covers,
+        )
+    )
+    emit(
+        Step(
+            StepKind.VIEW,
+            s.output,
+            "Permute",
+            (kernel.output,),
+            (NCHW,),
+            s.dtype,
+            tuple(s.shape),
+            s.place,
+        )
+    )
+
+
+def _copy(name: str, src: str, dtype: str, shape, place: str) -> Step:
+    """A loop copying view ``src`` into packed memory of ``shape``."""
+    k = Kernel(
+        Kind.LOOP,
+        name,
+        dtype,
+        tuple(shape),
+        [Operand(src, dtype, tuple(shape), "strided")],
+        ("in", 0),
+        tuple(shape),
+        {},
+    )
+    return Step(StepKind.KERNEL, name, "", (src,), (), dtype, tuple(shape), place, k)

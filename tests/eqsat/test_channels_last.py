@@ -1,0 +1,110 @@
+"""Half convolutions in channels-last memory (``eqsat/channels_last.py``) on GPU programs:
+the convolution writes NHWC memory, the loops and pads around it run over the permuted
+domain reading it packed, and the program's values are those of the program without the
+pass, bit for bit (float16, which the numpy evaluator runs); float32 and grouped
+convolutions are left as lowered."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat import pipeline
+from saturn.eqsat.channels_last import _Layouts, nhwc_ordered, packed_like
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.pipeline import compile_graph
+
+
+def block(dtype: str = "f16", groups: int = 1) -> str:
+    """conv, batch norm (eval: an affine map per channel), relu, a padded max pool, a
+    second conv and a residual add: a ResNet stem and block, as the importer writes it."""
+    cin = 8
+    return (
+        f"(input x {dtype} [2 {cin} 12 12])\n(param w1 {dtype} [8 {cin // groups} 3 3])\n"
+        f"(param w2 {dtype} [8 8 3 3])\n(param m {dtype} [8 1 1])\n(param s {dtype} [8 1 1])\n"
+        f"(let c1 (Conv2dNoBias x w1 [1 1] [1 1] [1 1] {groups}))\n"
+        "(let a (Relu (Mul (Sub c1 m) s)))\n"
+        "(let p (Pad a [0 0 0 0 1 1 1 1] -4503599627370496))\n"
+        "(let c2 (Conv2dNoBias a w2 [1 1] [1 1] [1 1] 1))\n"
+        "(let r (Add c2 a))\n(let q (Neg p))\n(output r q)\n"
+    )
+
+
+def programs(text: str):
+    graph = parse_graph(text)
+    real = pipeline.channels_last
+    pipeline.channels_last = lambda p: p
+    try:
+        before = compile_graph(graph, machine="gpu", io_on_device=True).program
+    finally:
+        pipeline.channels_last = real
+    after = compile_graph(graph, machine="gpu", io_on_device=True).program
+    return graph, before, after
+
+
+def same_values(graph, a, b) -> None:
+    rng = np.random.default_rng(0)
+    inputs = {
+        n.name: rng.uniform(-1, 1, n.shape).astype(ev.np_dtype(n.dtype)) for n in graph.inputs()
+    }
+    for x, y in zip(ev.eval_program(a, inputs), ev.eval_program(b, inputs), strict=True):
+        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True)
+
+
+def reads_as_laid_out(prog) -> None:
+    """Every kernel operand read by its flat index (anything but "strided") lies packed:
+    the values the evaluator compares cannot show a kernel reading NHWC memory as NCHW
+    (numpy arrays carry their strides; a GPU kernel reading "same" does not)."""
+    lay = _Layouts()
+    for s in prog.steps:
+        for o in s.kernel.inputs if s.kernel is not None else ():
+            if o.indexing not in ("strided", "scalar"):
+                assert packed_like(o.shape, lay.strides[o.value]), (s.output, o)
+        lay.add(s)
+
+
+def test_half_convolutions_write_nhwc_memory_and_the_loops_follow():
+    graph, before, after = programs(block())
+    convs = [k for k in after.kernels if k.kind == "conv"]
+    assert len(convs) == 2 and all(k.attrs.get("channels_last") for k in convs)
+    assert all(k.shape == (2, 12, 12, 8) for k in convs)  # NHWC memory
+    # the batch norm's loop runs over (N, H, W, C): the convolution's output packed, the
+    # per-channel operands along the last axis
+    (bn,) = [k for k in after.kernels if k.kind == "loop" and "relu" in str(k.body)]
+    assert bn.domain == (2, 12, 12, 8)
+    assert sorted(o.indexing for o in bn.inputs) == ["same", "trailing", "trailing"]
+    (pad,) = [k for k in after.kernels if k.kind == "pad"]
+    assert pad.shape == (2, 14, 14, 8) and pad.attrs["pads"] == (0, 0, 1, 1, 1, 1, 0, 0)
+    # the image and the weights are copied into NHWC memory for cuDNN
+    copies = [k for k in after.kernels if k.kind == "loop" and k.body == ("in", 0)]
+    assert len(copies) == 3
+    # the outputs are written packed (NCHW, as eager's), reading NHWC memory by strides
+    for v in after.outputs:
+        (step,) = [s for s in after.steps if s.output == v]
+        assert step.kind == "kernel" and step.kernel.domain == step.shape
+        assert {o.indexing for o in step.kernel.inputs} == {"strided"}
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+    assert [s.shape for s in after.steps if s.output in after.outputs] == [
+        s.shape for s in before.steps if s.output in before.outputs
+    ]
+
+
+@pytest.mark.parametrize(("dtype", "groups"), [("f32", 1), ("f16", 8), ("f16", 2)])
+def test_declines_float32_and_grouped_convolutions(dtype, groups):
+    graph, before, after = programs(block(dtype, groups))
+    first = next(k for k in after.kernels if k.kind == "conv")
+    assert not first.attrs.get("channels_last")
+    if dtype == "f32":
+        assert before.to_text() == after.to_text()
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+
+
+def test_nhwc_order_by_strides():
+    assert nhwc_ordered((2, 8, 12, 12), (1152, 1, 96, 8))  # channels-last
+    assert not nhwc_ordered((2, 8, 12, 12), (1152, 144, 12, 1))  # NCHW
+    assert nhwc_ordered((2, 8, 6, 6), (1152, 1, 192, 16))  # a strided slice of one
+    assert not nhwc_ordered((2, 1, 12, 12), (144, 144, 12, 1))  # one channel
+    assert not nhwc_ordered((2, 8, 12, 12), (0, 1, 96, 8))  # broadcast
