@@ -153,6 +153,7 @@ def _python_313() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.install
 def test_the_wheel_installs_from_the_index_on_python_313(tmp_path, wheel):
     """A fresh Python 3.13 environment, saturn's wheel and its dependencies from the package
     index (torch, egglog, numba, ... for 3.13), then the README's examples."""
