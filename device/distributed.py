@@ -34,11 +34,33 @@ import torch.distributed as dist
 NAME = "saturn"
 
 
-class _Host:
-    """What gloo is handed for a list of tensors, and the copies back after it ran."""
+class _Mover:
+    """What an inner group is handed for a collective's tensors (``one``, per tensor), and
+    the packed buffers copied back into the tensors the collective writes after it ran."""
 
     def __init__(self) -> None:
-        self.back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed buffer, alias)
+        self.back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed buffer, tensor)
+
+    def one(self, t: torch.Tensor, written: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def many(self, ts: Sequence[torch.Tensor], written: bool) -> list[torch.Tensor]:
+        return [self.one(t, written) for t in ts]
+
+    def nested(self, tss: Sequence[Sequence[torch.Tensor]], written: bool) -> list:
+        return [self.many(ts, written) for ts in tss]
+
+    def finish(self, work) -> None:
+        """Wait for the collective (gloo: the host; NCCL: the current stream, saturn's),
+        then copy the packed results back."""
+        if work is not None:
+            work.wait()
+        for packed, t in self.back:
+            t.copy_(packed)
+
+
+class _Host(_Mover):
+    """gloo's side: CPU tensors, and saturn:0 tensors as CPU tensors aliasing them."""
 
     def one(self, t: torch.Tensor, written: bool) -> torch.Tensor:
         if t.device.type == "cpu":
@@ -55,18 +77,6 @@ class _Host:
         if written:
             self.back.append((packed, alias))
         return packed
-
-    def many(self, ts: Sequence[torch.Tensor], written: bool) -> list[torch.Tensor]:
-        return [self.one(t, written) for t in ts]
-
-    def nested(self, tss: Sequence[Sequence[torch.Tensor]], written: bool) -> list:
-        return [self.many(ts, written) for ts in tss]
-
-    def finish(self, work) -> None:
-        if work is not None:
-            work.wait()
-        for packed, alias in self.back:
-            alias.copy_(packed)
 
 
 class _Interface:
@@ -100,14 +110,14 @@ def cuda_alias(t: torch.Tensor) -> torch.Tensor:
     return alias.view(t.dtype).view(t.shape)
 
 
-class _Gpu:
-    """What NCCL is handed for tensors on one saturn GPU, and the copies back after it ran.
-    Every saturn operation here (packing, copying back) runs on saturn's stream, in order
-    with the collective."""
+class _Gpu(_Mover):
+    """NCCL's side: tensors on one saturn GPU, as CUDA tensors aliasing them. Every saturn
+    operation here (packing, copying back) runs on saturn's stream, in order with the
+    collective."""
 
     def __init__(self, index: int) -> None:
+        super().__init__()
         self.index = index
-        self.back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed buffer, tensor)
         self.keep: list[torch.Tensor] = []  # saturn tensors the aliases read, kept alive
 
     def one(self, t: torch.Tensor, written: bool) -> torch.Tensor:
@@ -118,18 +128,6 @@ class _Gpu:
             self.back.append((dense, t))
         self.keep.append(dense)
         return cuda_alias(dense)
-
-    def many(self, ts: Sequence[torch.Tensor], written: bool) -> list[torch.Tensor]:
-        return [self.one(t, written) for t in ts]
-
-    def nested(self, tss: Sequence[Sequence[torch.Tensor]], written: bool) -> list:
-        return [self.many(ts, written) for ts in tss]
-
-    def finish(self, work) -> None:
-        if work is not None:
-            work.wait()  # saturn's stream (the current one) waits for NCCL's
-        for packed, t in self.back:
-            t.copy_(packed)
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -178,6 +176,7 @@ class SaturnProcessGroup(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._nccl_group = None  # made at the first collective on a saturn GPU
+        self._streams: dict[int, torch.cuda.ExternalStream] = {}  # saturn's, per GPU
 
     def _nccl(self):
         """PyTorch's NCCL group over the same store (its own key prefix), ranks and size."""
@@ -222,7 +221,10 @@ class SaturnProcessGroup(dist.ProcessGroup):
             host.finish(call(host, self._gloo))
             return _done(result)
         cuda = torch.device("cuda", index - 1)
-        stream = torch.cuda.ExternalStream(torch.saturn.stream_handle(index), device=cuda)
+        stream = self._streams.get(index)
+        if stream is None:  # saturn's stream of the device, as torch.cuda names streams
+            handle = torch.saturn.stream_handle(index)
+            stream = self._streams[index] = torch.cuda.ExternalStream(handle, device=cuda)
         gpu = _Gpu(index)
         with torch.cuda.device(cuda), torch.cuda.stream(stream):
             gpu.finish(call(gpu, self._nccl()))

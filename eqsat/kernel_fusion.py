@@ -176,6 +176,22 @@ def _read_written(s: Step, patterns: dict[tuple, Step]) -> None:
     s.args = tuple(o.value for o in operands)
 
 
+class Operands:
+    """A kernel's operands gathered while bodies are remapped onto it: each distinct read
+    (value, indexing, shape) once, ``add`` answering the body leaf that reads it."""
+
+    def __init__(self) -> None:
+        self.list: list[Operand] = []
+        self._slot: dict[tuple, int] = {}
+
+    def add(self, o: Operand) -> Expr:
+        key = (o.value, o.indexing, tuple(o.shape))
+        if key not in self._slot:
+            self._slot[key] = len(self.list)
+            self.list.append(replace(o))
+        return ("in", self._slot[key])
+
+
 def _operand_bytes(ops: list[Operand]) -> int:
     seen = {(o.value, o.indexing): o for o in ops}
     return sum(math.prod(o.shape) * ot.ITEMSIZE[o.dtype] for o in seen.values())
@@ -357,16 +373,8 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
     the inlined steps' outputs."""
     k = s.kernel
     dom = tuple(k.domain)
-    operands: list[Operand] = []
-    slot: dict[tuple[str, str], int] = {}
-
-    def add(o: Operand) -> Expr:
-        key = (o.value, o.indexing)
-        if key not in slot:
-            slot[key] = len(operands)
-            operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
-        return ("in", slot[key])
-
+    operands = Operands()
+    add = operands.add
     table: dict[int, Expr] = {}
     inlined: list[Step] = []
     for i, o in enumerate(k.inputs):
@@ -390,9 +398,9 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
         return set()
     k.stages = [replace(st, body=_remap(st.body, table)) for st in k.stages]
     k.body = _remap(k.body, table)
-    k.inputs = operands
+    k.inputs = operands.list
     k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
-    s.args = tuple(o.value for o in operands)
+    s.args = tuple(o.value for o in operands.list)
     return {p.output for p in inlined}
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .kernel_fusion import _remap, _users
+from .kernel_fusion import Operands, _remap, _users
 from .kinds import Kind
 from .program import (
     Expr,
@@ -193,15 +193,8 @@ def _refined(s: Step, p: Step, slot: int, reshape: Step) -> list[Step]:
     dom, fine = tuple(k.domain), tuple(pk.domain)
     groups = refinement(fine, dom)
     new: list[Step] = []
-    operands: list[Operand] = []
-    index: dict[tuple[str, str], int] = {}
-
-    def add(o: Operand) -> Expr:
-        key = (o.value, o.indexing)
-        if key not in index:
-            index[key] = len(operands)
-            operands.append(o)
-        return ("in", index[key])
+    operands = Operands()
+    add = operands.add
 
     def view(src: str, op: str, attrs: tuple, dtype: str, shape) -> str:
         name = f"{s.output}_{op.lower()}{len(new)}"
@@ -235,7 +228,7 @@ def _refined(s: Step, p: Step, slot: int, reshape: Step) -> list[Step]:
         f"{s.output}_fine",
         k.dtype,
         fine,
-        operands,
+        operands.list,
         _remap(k.body, table),
         fine,
         dict(k.attrs),
@@ -246,7 +239,7 @@ def _refined(s: Step, p: Step, slot: int, reshape: Step) -> list[Step]:
         StepKind.KERNEL,
         kernel.output,
         s.op,
-        tuple(o.value for o in operands),
+        tuple(o.value for o in operands.list),
         s.attrs,
         k.dtype,
         fine,

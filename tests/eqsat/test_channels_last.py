@@ -108,3 +108,17 @@ def test_nhwc_order_by_strides():
     assert nhwc_ordered((2, 8, 6, 6), (1152, 1, 192, 16))  # a strided slice of one
     assert not nhwc_ordered((2, 1, 12, 12), (144, 144, 12, 1))  # one channel
     assert not nhwc_ordered((2, 8, 12, 12), (0, 1, 96, 8))  # broadcast
+
+
+def test_declines_a_convolution_whose_image_is_neither_an_input_nor_nhwc():
+    """Channels-last starts at the program's input: a half convolution reading a loop's
+    NCHW output (here a ReLU of the input) stays NCHW rather than paying a copy into
+    NHWC memory for it."""
+    text = (
+        "(input x f16 [2 8 12 12])\n(param w f16 [8 8 3 3])\n"
+        "(let c (Conv2dNoBias (Relu x) w [1 1] [1 1] [1 1] 1))\n(let r (Neg c))\n(output r)\n"
+    )
+    _, before, after = programs(text)
+    (conv,) = [k for k in after.kernels if k.kind == "conv"]
+    assert not conv.attrs.get("channels_last")
+    assert before.to_text() == after.to_text()

@@ -103,3 +103,16 @@ def test_refinement_groups_axes():
     assert refinement((4, 4), (2, 8)) is None  # not a split of each axis
     assert refinement((2, 8), (16, 1)) == [[2, 8], []]
     assert refinement((3, 5), (16,)) is None
+
+
+def test_declines_a_producer_with_arithmetic_read_by_two_loops():
+    """A producer read through one reshape by two loops is inlined into both only where
+    its body only selects; an exponential would be computed twice: left as its kernel."""
+    text = (
+        "(input x f32 [4 2 8])\n(input y f32 [4 16])\n(input z f32 [4 16])\n"
+        "(let p (Exp x))\n(let v (View p [4 16]))\n"
+        "(let r (Mul v y))\n(let q (Sub v z))\n(output r q)\n"
+    )
+    graph, prog = program(text)
+    check_values(graph, prog)
+    assert any(k.body == ("exp", ("in", 0)) for k in loops(prog))  # written once
