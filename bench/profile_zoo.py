@@ -1,7 +1,8 @@
 """Where a zoo model's device time goes: kernels by total device time (CUPTI, through
-torch.profiler) for eager CUDA and saturn, per call, after warm-up (on a GPU machine).
+torch.profiler) for eager CUDA and saturn (and Inductor's default mode with --inductor), per
+call, after warm-up (on a GPU machine).
 
-    python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] NAME ...
+    python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] [--inductor] NAME ...
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
 """
@@ -20,7 +21,7 @@ import saturn  # noqa: F401
 GPU = "saturn:1"
 
 
-def profile(name: str, dtype: torch.dtype, size: str, top: int) -> None:
+def profile(name: str, dtype: torch.dtype, size: str, top: int, inductor: bool) -> None:
     torch.manual_seed(0)
     model, inputs = zoo.MODELS[name](size)
     model = model.eval().to(dtype)
@@ -37,6 +38,11 @@ def profile(name: str, dtype: torch.dtype, size: str, top: int) -> None:
         xg = put(GPU)
         print(f"== {name} {dtype}: saturn", flush=True)
         print_kernels(lambda: sat(*xg), lambda: torch.saturn.synchronize(GPU), top=top)
+        if inductor:  # the baseline saturn is measured against, on the same CUDA inputs
+            torch._dynamo.reset()
+            ind = torch.compile(copy.deepcopy(model).cuda())
+            print(f"== {name} {dtype}: inductor", flush=True)
+            print_kernels(lambda: ind(*xs), torch.cuda.synchronize, top=top)
 
 
 def main() -> None:
@@ -45,11 +51,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--size", default="full", choices=["tiny", "full"])
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--inductor", action="store_true", help="Inductor's kernels too (default mode)")
     a = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in a.names:
-        profile(name, getattr(torch, a.dtype), a.size, a.top)
+        profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor)
         torch.cuda.empty_cache()
 
 

@@ -409,6 +409,8 @@ def _h_constant_pad(imp: Importer, node: torch.fx.Node):
         return None  # cropped past its extent: PyTorch raises
     if any(p < 0 for p in pads) and any(v in MARKERS for v in xn.shape):
         return None  # a crop of a symbolic extent
+    if not any(pads):  # F.pad by sizes that came out zero (Swin's window multiple): a copy
+        return imp.add(Node(node.name, "Cast", (xn.name,), (dtype,), dtype, shape), node.name)
     attrs = (tuple(pads), float_bits(float(value)))
     if all(p >= 0 for p in pads):
         return imp.add(Node(node.name, "Pad", (xn.name,), attrs, dtype, shape), node.name)

@@ -503,6 +503,15 @@ def test_pads_that_only_crop_are_views(case):
     assert host_ops(prog) == [] and "pad" not in [k.kind for k in prog.kernels], prog.to_text()
 
 
+def test_a_pad_by_zero_amounts_is_read_in_place_by_its_reader():
+    """Swin pads each window stage to a multiple of the window (0 when the image already
+    is one): the copy is computed inside the loop that reads it, no pad kernel."""
+    fn = lambda x: torch.nn.functional.pad(x, (0, 0, 0, 0)).exp() + 1  # noqa: E731
+    compile_and_compare(fn, special_image())
+    prog = last_compiled().compiled.program
+    assert host_ops(prog) == [] and [k.kind for k in prog.kernels] == ["loop"], prog.to_text()
+
+
 def test_a_pad_that_converts_its_value_stays_the_op():
     fn = lambda x: torch.nn.functional.pad(x.to(torch.int32), (1, 1), value=2.5)  # noqa: E731
     compile_and_compare(fn, special_image().nan_to_num())
