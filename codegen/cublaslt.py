@@ -293,6 +293,9 @@ class LtPlan:
                 ptrs, "lt", self.layouts, self.epilogue, self.workspace[1], len(self.algos)
             )
             best = TUNINGS.get(key)
+            if best is not None and not (type(best) is int and 0 <= best < len(self.algos)):
+                TUNINGS.forget(key)  # a stored choice of another form: timed again
+                best = None
             if best is None:
                 for i, (algo, _) in enumerate(self.algos):
                     self.algo = algo

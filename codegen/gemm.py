@@ -391,8 +391,12 @@ class GemmPlan:
                 )
                 best = TUNINGS.get(key) if self.autotune else None
                 if best is not None:
-                    mm.plan(algorithms=[best], stream=self.stream, **kw)
-                else:
+                    try:
+                        mm.plan(algorithms=[best], stream=self.stream, **kw)
+                    except Exception:  # a stored choice this library does not take
+                        TUNINGS.forget(key)
+                        best = None
+                if best is None:
                     mm.plan(stream=self.stream, **kw)
                     if self.autotune:
                         mm.autotune(iterations=3, stream=self.stream)

@@ -9,12 +9,26 @@ compute type, the pointers' alignments (the heuristic's candidates differ with t
 GPU. Those are the key; a plan with a key seen before takes the choice without timing.
 cuDNN convolution plans keep theirs the same way (``CONV_TUNINGS``: the plan index among
 cuDNN's ranked candidates for the same operation graph, with its workspace and time).
+
+Choices are also kept on disk (``$SATURN_CACHE_DIR/tunings``, off with
+``SATURN_COMPILE_CACHE=0`` like the compiled graphs), keyed on the problem, the GPU's name
+and the library's version: a new process compiling a model seen before takes them without
+timing (issue 32's warm first call). A cuBLASLt algorithm is a plain struct its library
+lets a program store and reuse on the same version; a plan whose stored choice does not
+build times its candidates as if there were none.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
+import os
+from collections.abc import Callable
 from typing import Any
+
+from .sources import cache_dir, write_atomic
 
 # cuBLASLt's largest alignment preference: a pointer aligned to 256 bytes is as good as any
 ALIGN = 256
@@ -35,14 +49,84 @@ def device_of(ptr: int) -> int:
         return -1
 
 
-class Tunings:
-    """key -> the choice a plan timed, with how often a choice was timed and reused."""
+@functools.cache
+def gpu_name(ordinal: int) -> str:
+    """The GPU's model and compute capability: what a stored choice is valid on."""
+    try:
+        import cupy
 
-    def __init__(self, name: str = "gemm") -> None:
+        props = cupy.cuda.runtime.getDeviceProperties(ordinal)
+        return f"{props['name'].decode()} sm{props['major']}{props['minor']}"
+    except Exception:  # no cupy or no such GPU: the choice is not stored
+        return ""
+
+
+@functools.cache
+def cublaslt_version() -> str:
+    from nvmath.bindings import cublasLt as lt  # noqa: N813
+
+    return f"cublasLt {lt.get_version()}"
+
+
+@functools.cache
+def cudnn_version() -> str:
+    import cudnn
+
+    return f"cudnn {cudnn.backend_version()}"
+
+
+def _encode(choice: Any) -> bytes:
+    """A choice as bytes: a cuBLASLt algorithm (nvmath's ``Algorithm``) as its struct,
+    plan indices and timings as JSON."""
+    data = getattr(getattr(choice, "algorithm", None), "_data", None)
+    if data is not None:
+        return b"algo:" + data.tobytes()
+    return b"json:" + json.dumps(choice).encode()
+
+
+def _decode(raw: bytes) -> Any:
+    kind, body = raw[:5], raw[5:]
+    if kind == b"json:":
+        value = json.loads(body)
+        return tuple(value) if isinstance(value, list) else value
+    if kind != b"algo:":
+        raise ValueError("not a stored tuning")
+    import numpy as np
+    from nvmath.bindings import cublasLt as lt  # noqa: N813
+    from nvmath.linalg.advanced import Algorithm
+
+    buf = lt.MatmulHeuristicResult(1)
+    if len(body) != buf[0]._data.nbytes:
+        raise ValueError("a cuBLASLt algorithm of another size")
+    buf[0] = np.frombuffer(body, dtype=buf[0]._data.dtype).reshape(buf[0]._data.shape)
+    return Algorithm(buf[0])
+
+
+class Tunings:
+    """key -> the choice a plan timed, with how often a choice was timed and reused (in
+    this process, or from the disk: a choice timed by another process)."""
+
+    def __init__(self, name: str = "gemm", version: Callable[[], str] | None = None) -> None:
         self.name = name  # the counters' prefix in saturn.stats()
+        self.version = version  # the library's version, part of a stored choice's key
         self._choices: dict[tuple, Any] = {}
         self.timed = 0
         self.reused = 0
+        self.loaded = 0
+
+    def _path(self, key: tuple):
+        """Where a choice is stored (None: not stored: the cache is off, or the GPU or
+        the library's version cannot be told)."""
+        if os.environ.get("SATURN_COMPILE_CACHE", "1") == "0" or self.version is None:
+            return None
+        try:
+            where = (gpu_name(key[-1]), self.version())
+        except Exception:
+            return None
+        if not where[0]:
+            return None
+        text = repr((self.name, where, key[:-1]))  # the ordinal apart: the GPU's name stands
+        return cache_dir("tunings") / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.bin"
 
     def key(self, ptrs: tuple[int, ...], *problem: object) -> tuple:
         """A product's key: what it computes (``problem``: hashable layouts, epilogue,
@@ -51,22 +135,53 @@ class Tunings:
 
     def get(self, key: tuple) -> Any | None:
         choice = self._choices.get(key)
-        if choice is not None:
-            self.reused += 1
+        if choice is None:
+            choice = self._load(key)
+            if choice is None:
+                return None
+            self._choices[key] = choice
+            self.loaded += 1
+        self.reused += 1
         return choice
+
+    def _load(self, key: tuple) -> Any | None:
+        path = self._path(key)
+        if path is None:
+            return None
+        try:
+            return _decode(path.read_bytes())
+        except Exception:  # absent, unreadable or of another form: timed again
+            return None
 
     def put(self, key: tuple, choice: Any) -> None:
         self._choices[key] = choice
         self.timed += 1
+        path = self._path(key)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, _encode(choice))
+        except Exception:  # a read-only or full disk: the choice stays this process's
+            pass
+
+    def forget(self, key: tuple) -> None:
+        """A choice that did not build after all (a stale file): timed again, then stored."""
+        self._choices.pop(key, None)
+        self.reused -= 1
 
     def clear(self) -> None:
         self._choices.clear()
-        self.timed = self.reused = 0
+        self.timed = self.reused = self.loaded = 0
 
     def stats(self) -> dict[str, int]:
-        return {f"{self.name}_tunings": self.timed, f"{self.name}_tunings_reused": self.reused}
+        return {
+            f"{self.name}_tunings": self.timed,
+            f"{self.name}_tunings_reused": self.reused,
+            f"{self.name}_tunings_from_disk": self.loaded,
+        }
 
 
 # one table per process: cuBLASLt's handles and algorithms are the process's
-TUNINGS = Tunings("gemm")
-CONV_TUNINGS = Tunings("conv")
+TUNINGS = Tunings("gemm", cublaslt_version)
+CONV_TUNINGS = Tunings("conv", cudnn_version)

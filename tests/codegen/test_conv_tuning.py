@@ -81,7 +81,11 @@ def test_a_problem_timed_before_takes_its_choice_without_timing():
     tuned(second, (0x50000, 0x60000, 0x70000))  # other buffers, as aligned
     assert second.graph.executed == [] and second.graph.selected == 1
     assert second.tuned == first.tuned and second.workspace_size == 1024
-    assert CONV_TUNINGS.stats() == {"conv_tunings": 1, "conv_tunings_reused": 1}
+    assert CONV_TUNINGS.stats() == {
+        "conv_tunings": 1,
+        "conv_tunings_reused": 1,
+        "conv_tunings_from_disk": 0,
+    }
 
 
 def test_other_flags_or_alignments_time_their_own():
@@ -92,7 +96,11 @@ def test_other_flags_or_alignments_time_their_own():
     tuned(misaligned, (0x10010, 0x20000, 0x30000))
     for p in (tf32, misaligned):
         assert p.graph.executed and p.graph.selected == 1
-    assert CONV_TUNINGS.stats() == {"conv_tunings": 3, "conv_tunings_reused": 0}
+    assert CONV_TUNINGS.stats() == {
+        "conv_tunings": 3,
+        "conv_tunings_reused": 0,
+        "conv_tunings_from_disk": 0,
+    }
 
 
 def test_a_shared_choice_that_does_not_build_is_timed_again():

@@ -1,8 +1,12 @@
 """The table of timed cuBLASLt choices (codegen/gemm_tuning.py): a product's choice is
-shared only by products cuBLASLt would see as the same (layouts, epilogue, alignments)."""
+shared only by products cuBLASLt would see as the same (layouts, epilogue, alignments), and
+kept on disk for the next process on the same GPU model and library version."""
 
 from __future__ import annotations
 
+import pytest
+
+from saturn.codegen import gemm_tuning
 from saturn.codegen.gemm import Layout
 from saturn.codegen.gemm_tuning import Tunings, alignment
 
@@ -13,7 +17,7 @@ B = Layout("f32", (256, 256), (1, 256))
 def test_a_choice_is_reused_for_the_same_product_only():
     t = Tunings()
     key = t.key((0x1000, 0x2000, 0x3000), "lt", (A, B), "bias")
-    assert t.get(key) is None and t.stats() == {"gemm_tunings": 0, "gemm_tunings_reused": 0}
+    assert t.get(key) is None and t.stats()["gemm_tunings"] == t.stats()["gemm_tunings_reused"] == 0
     t.put(key, 3)
     assert t.get(t.key((0x9100, 0x4000, 0x5000), "lt", (A, B), "bias")) == 3  # moved
     # declines: another epilogue, other layouts, a less aligned operand (cuBLASLt's
@@ -21,10 +25,78 @@ def test_a_choice_is_reused_for_the_same_product_only():
     assert t.get(t.key((0x1000, 0x2000, 0x3000), "lt", (A, B), "none")) is None
     assert t.get(t.key((0x1000, 0x2000, 0x3000), "lt", (B, A), "bias")) is None
     assert t.get(t.key((0x1010, 0x2000, 0x3000), "lt", (A, B), "bias")) is None
-    assert t.stats() == {"gemm_tunings": 1, "gemm_tunings_reused": 1}
+    assert t.stats() == {"gemm_tunings": 1, "gemm_tunings_reused": 1, "gemm_tunings_from_disk": 0}
     t.clear()
     assert t.get(key) is None
 
 
 def test_alignment_is_capped_at_cublaslts_largest():
     assert [alignment(p) for p in (0, 0x1000, 0x1010, 0x1002, 7)] == [256, 256, 16, 2, 1]
+
+
+@pytest.fixture
+def on_disk(monkeypatch, tmp_path):
+    """The disk store turned on in a folder of the test's own, on a GPU named by the test
+    (ordinal 0; none other exists here)."""
+    monkeypatch.setenv("SATURN_COMPILE_CACHE", "1")
+    monkeypatch.setenv("SATURN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gemm_tuning, "gpu_name", lambda i: "Test GPU sm90" if i == 0 else "")
+    return tmp_path
+
+
+def _key(t: Tunings, epilogue: str = "bias") -> tuple:
+    return (*t.key((0x1000, 0x2000, 0x3000), "lt", (A, B), epilogue)[:-1], 0)  # GPU 0
+
+
+def test_a_choice_timed_in_one_process_is_taken_by_the_next_from_disk(on_disk):
+    first = Tunings("gemm", lambda: "lib 1")
+    first.put(_key(first), 3)
+    first.put(_key(first, "none"), (0.25, 2, 4096))  # a convolution's form: ms, index, bytes
+    later = Tunings("gemm", lambda: "lib 1")  # a new process: nothing in memory
+    assert later.get(_key(later)) == 3 and later.get(_key(later, "none")) == (0.25, 2, 4096)
+    assert later.stats() == {
+        "gemm_tunings": 0,
+        "gemm_tunings_reused": 2,
+        "gemm_tunings_from_disk": 2,
+    }
+
+
+def test_a_stored_choice_declines_another_library_version_table_or_gpu(on_disk, monkeypatch):
+    Tunings("gemm", lambda: "lib 1").put(_key(Tunings()), 3)
+    assert Tunings("gemm", lambda: "lib 2").get(_key(Tunings())) is None
+    assert Tunings("conv", lambda: "lib 1").get(_key(Tunings())) is None
+    monkeypatch.setattr(gemm_tuning, "gpu_name", lambda i: "Other GPU sm80")
+    assert Tunings("gemm", lambda: "lib 1").get(_key(Tunings())) is None
+
+
+def test_nothing_is_stored_or_read_with_the_cache_off_or_an_unknown_gpu(on_disk, monkeypatch):
+    monkeypatch.setenv("SATURN_COMPILE_CACHE", "0")
+    Tunings("gemm", lambda: "lib 1").put(_key(Tunings()), 3)
+    assert not list(on_disk.rglob("*.bin"))
+    monkeypatch.setenv("SATURN_COMPILE_CACHE", "1")
+    t = Tunings("gemm", lambda: "lib 1")
+    t.put((*_key(t)[:-1], -1), 3)  # a pointer of no known GPU
+    assert not list(on_disk.rglob("*.bin"))
+
+
+def test_an_unreadable_stored_choice_is_timed_again(on_disk):
+    t = Tunings("gemm", lambda: "lib 1")
+    t.put(_key(t), 3)
+    (stored,) = on_disk.rglob("*.bin")
+    stored.write_bytes(b"algo:short")  # a truncated cuBLASLt struct
+    assert Tunings("gemm", lambda: "lib 1").get(_key(t)) is None
+    stored.write_bytes(b"garbage")
+    assert Tunings("gemm", lambda: "lib 1").get(_key(t)) is None
+
+
+def test_a_cublaslt_algorithm_is_stored_as_its_struct():
+    """nvmath's Algorithm round-trips through the bytes a file holds (no GPU needed)."""
+    from nvmath.bindings import cublasLt as lt  # noqa: N813
+    from nvmath.linalg.advanced import Algorithm
+
+    buf = lt.MatmulHeuristicResult(1)
+    buf[0]._data["algo"]["data_"][0][:] = range(8)
+    buf[0]._data["workspace_size"] = 4096
+    back = gemm_tuning._decode(gemm_tuning._encode(Algorithm(buf[0])))
+    assert isinstance(back, Algorithm)
+    assert back.algorithm._data.tobytes() == buf[0]._data.tobytes()
