@@ -59,4 +59,19 @@ for _kind, _spec in BY_KIND.items():
 
 
 def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
-    return REFERENCE[s.kernel.kind](s.kernel, operands)
+    return REFERENCE[s.kernel.kind](s.kernel, _right_aligned(s.kernel, operands))
+
+
+def _right_aligned(k, operands: list[np.ndarray]) -> list[np.ndarray]:
+    """Operands with more axes than the kernel's domain, all leading ones of length 1 (a
+    loop computed inside a rows kernel through a reshape, ``kernel_fusion``), as kernels
+    read them: right-aligned, those axes dropped."""
+    n = len(k.domain)
+    if k.body is None or not n:
+        return operands
+    return [
+        a.reshape(a.shape[a.ndim - n :])
+        if a.ndim > n and all(d == 1 for d in a.shape[: a.ndim - n])
+        else a
+        for a in operands
+    ]

@@ -342,9 +342,11 @@ def inline_row_producers(prog: Program) -> Program:
     body replaces the operand in every stage and in the body, over its own operands (read
     the same way, the domains being equal). Where the row fits in registers the rows
     kernel loads those operands once per row (``codegen.cuda.row_cache``); the loop's
-    output never goes through memory. Exact: the body is the same scalar expression the
-    loop stored, in the same type (float32 and float64 loops only: a narrower loop rounds
-    when it stores, which the inlined value would not). GPU programs (after ``fuse_rows``)."""
+    output never goes through memory. The loop may be read through reshapes that give back
+    its own shape (``_through_reshapes``). Exact: the body is the same scalar expression
+    the loop stored, in the same type (float32 and float64 loops, and half loops whose body
+    ends in the rounding to their type; another half loop rounds when it stores, which the
+    inlined value would not). GPU programs (after ``fuse_rows``)."""
     return _into_rows(prog, _inline_into)
 
 
@@ -369,39 +371,88 @@ def _into_rows(prog: Program, absorb: Callable[..., set[str]]) -> Program:
 
 
 def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str]:
-    """Inline into rows step ``s`` the loops only it reads (``inline_row_producers``);
-    the inlined steps' outputs."""
+    """Inline into rows step ``s`` the loops only it reads (``inline_row_producers``), and
+    then the loops only those read, until none is left; the inlined steps' outputs."""
     k = s.kernel
     dom = tuple(k.domain)
-    operands = Operands()
-    add = operands.add
-    table: dict[int, Expr] = {}
-    inlined: list[Step] = []
-    for i, o in enumerate(k.inputs):
-        p = by_output.get(o.value)
-        pk = p.kernel if p is not None else None
-        if (
-            o.indexing == "same"
-            and pk is not None
-            and pk.kind == Kind.LOOP
-            and pk.dtype in ROW_FLOATS
-            and tuple(pk.domain) == dom
-            and tuple(pk.shape) == dom
-            and o.value not in outputs
-            and users.get(o.value) == {s.output}
-        ):
-            table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
-            inlined.append(p)
-        else:
-            table[i] = add(o)
-    if not inlined:
-        return set()
-    k.stages = [replace(st, body=_remap(st.body, table)) for st in k.stages]
-    k.body = _remap(k.body, table)
-    k.inputs = operands.list
-    k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
-    s.args = tuple(o.value for o in operands.list)
-    return {p.output for p in inlined}
+    mine = {s.output}  # this step and what it computes inside now: their reads are its
+    gone: set[str] = set()
+    while True:
+        operands = Operands()
+        add = operands.add
+        table: dict[int, Expr] = {}
+        inlined: list[Step] = []
+        for i, o in enumerate(k.inputs):
+            p, chain = _through_reshapes(o.value, mine, by_output, users, outputs)
+            pk = p.kernel if p is not None else None
+            if (
+                o.indexing == "same"
+                and pk is not None
+                and pk.kind == Kind.LOOP
+                and p.output not in gone
+                and _stores_its_value(pk)
+                and _unpadded(pk.domain) == _unpadded(dom)
+                and tuple(pk.shape) == tuple(pk.domain)
+                and not any(q.indexing == "middle" and len(q.shape) > len(dom) for q in pk.inputs)
+            ):
+                table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
+                inlined.append(p)
+                gone |= {p.output, *(v.output for v in chain)}
+            else:
+                table[i] = add(o)
+        if not inlined:
+            return gone
+        k.stages = [replace(st, body=_remap(st.body, table)) for st in k.stages]
+        k.body = _remap(k.body, table)
+        k.inputs = operands.list
+        k.fused = [*k.fused, *(n for p in inlined for n in p.kernel.covers + p.kernel.fused)]
+        s.args = tuple(o.value for o in operands.list)
+        mine |= {p.output for p in inlined}
+
+
+def _unpadded(shape) -> tuple[int, ...]:
+    """A shape without its leading unit axes: operands are read right-aligned (strides,
+    broadcasts), so a loop over (1, n, m) computes inside a rows kernel over (n, m)."""
+    shape = tuple(shape)
+    k = next((i for i, d in enumerate(shape) if d != 1), len(shape))
+    return shape[k:]
+
+
+def _stores_its_value(k: Kernel) -> bool:
+    """Whether a loop's body is the value it stores, so that a reader computing the body
+    itself gets the same bits: float32 and float64 loops, and half loops whose body ends
+    in the rounding to their own type (the store would round nothing more)."""
+    if k.dtype in ROW_FLOATS:
+        return True
+    b = k.body
+    return k.dtype in ot.HALVES and b is not None and b[0] == "cast" and b[2] == k.dtype
+
+
+def _through_reshapes(
+    value: str, readers: set[str], by_output: dict, users: dict, outputs: set
+) -> tuple[Step | None, list[Step]]:
+    """The step that makes ``value`` for ``reader`` alone, seen through reshapes that give
+    back its own shape up to leading unit axes (Swin's shifted-window mask is added over
+    (1, windows, heads, n, n) and the softmax reads (windows, heads, n, n)): a packed
+    value's flat order is kept by a reshape, so reading the last view at flat index i reads
+    the step's element i. ``value`` is read by ``readers`` alone (a rows step and the loops
+    it computes inside), each value on the way by the next view alone, and none of them is
+    a program output; (None, []) when that fails."""
+    chain: list[Step] = []
+    allowed = readers
+    while True:
+        if value in outputs or not users.get(value) or not users[value] <= allowed:
+            return None, []
+        p = by_output.get(value)
+        if p is None or p.kind != StepKind.VIEW:
+            break
+        if p.op != "View":
+            return None, []
+        chain.append(p)
+        allowed, value = {p.output}, p.args[0]
+    if chain and (p is None or _unpadded(p.shape) != _unpadded(chain[0].shape)):
+        return None, []
+    return p, chain
 
 
 def fuse_row_takes(prog: Program) -> Program:

@@ -26,6 +26,13 @@ from saturn.eqsat import optable as ot  # noqa: E402
 from saturn.eqsat.graph import parse_graph  # noqa: E402
 from saturn.eqsat.pipeline import compile_graph  # noqa: E402
 
+SWIN_MASK = (
+    "(input s f32 [4 3 7 7])\n(input b f32 [7 7 3])\n(input m f32 [4 7 7])\n"
+    "(let bp (View (Permute b [2 0 1]) [1 3 7 7]))\n(let a (Add s bp))\n"
+    "(let a5 (View a [1 4 3 7 7]))\n(let m5 (View m [1 4 1 7 7]))\n(let am (Add a5 m5))\n"
+    "(let r (Softmax (View am [4 3 7 7]) 3))\n(output r)"
+)
+
 GRAPHS = {
     # reductions over axes that are not adjacent: permuted views, a broadcast operand
     # expanded first, keepdim on and off
@@ -49,6 +56,9 @@ GRAPHS = {
     "(let b (Expand (View x1 [2 4 16 1 8]) [2 4 16 2 8]))\n"
     "(let w (Where sel a b))\n(let rot (View w [2 4 16 16]))\n"
     "(let r (Add (Mul t c) (Mul rot s)))\n(output r)",
+    # Swin's shifted windows (inline_row_producers through reshapes): the scores plus a
+    # permuted bias, viewed to five axes for the mask and back, computed inside the softmax
+    "window_mask_softmax": SWIN_MASK,
     "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
     "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
     "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n"
@@ -1036,12 +1046,53 @@ def run_scatter_adds() -> int:
     return failures
 
 
+def run_half_row_producers() -> int:
+    """bfloat16 loops whose body ends in their own rounding, computed inside the softmax
+    that reads them (``inline_row_producers``): the fused program's bits against the
+    program with the loops written and read back, special values included."""
+    from saturn.eqsat import kernel_fusion
+
+    text = SWIN_MASK.replace("f32", "bf16")
+    graph = parse_graph(text + "\n", "window_mask_softmax_bf16")
+    fused = compile_graph(graph, machine="gpu", io_on_device=True).program
+    keep = kernel_fusion._stores_its_value
+    kernel_fusion._stores_its_value = lambda k: k.dtype in ("f32", "f64")
+    try:
+        apart = compile_graph(graph, machine="gpu", io_on_device=True).program
+    finally:
+        kernel_fusion._stores_its_value = keep
+    assert [k.kind for k in fused.kernels] == ["rows"] and len(apart.kernels) == 2, apart
+    rng = np.random.default_rng(3)
+    bits = {}
+    for n in graph.inputs():
+        x = _half_inputs("bf16", math.prod(n.shape), rng)
+        bits[n.name] = (x.view(np.uint32) >> 16).astype(np.uint16).reshape(n.shape)  # truncated
+    outs = []
+    for prog in (fused, apart):
+        env = {}
+        by_input = {v: k for k, v in prog.inputs.items()}
+        for st in prog.steps:
+            if st.kind == "input":
+                env[st.output] = bits[by_input[st.output]]
+            elif st.kind == "view":
+                env[st.output] = ev.apply_op(st.op, [env[st.args[0]]], st.attrs, st.dtype)
+            elif st.kind == "kernel":
+                env[st.output] = run_kernel(st, [env[o.value] for o in st.kernel.inputs])
+            else:
+                raise SystemExit(f"window_mask_softmax_bf16: unexpected step {st.kind}")
+        outs.append(np.asarray(env[prog.outputs[0]]).reshape(-1))
+    same = np.array_equal(outs[0], outs[1])
+    print(f"{'ok' if same else 'FAIL'} half rows kernel computing its bfloat16 loops")
+    return 0 if same else 1
+
+
 def run_movement() -> int:
     """Half-precision loops and reductions, and the movement kernels."""
     failures = run_halves()
     failures += run_scatter_adds()
     failures += run_takes()
     failures += run_fused_takes()
+    failures += run_half_row_producers()
     failures += run_concats()
     failures += run_many_piece_concats()
     failures += run_row_concats()

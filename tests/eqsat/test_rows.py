@@ -3,8 +3,11 @@ one kernel in GPU programs, and the pass declines where a reduction is needed el
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from saturn.eqsat import evaluate as ev
+from saturn.eqsat import kernel_fusion
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 from saturn.eqsat.program import ROWS_MAX, leaves
@@ -172,3 +175,54 @@ def test_softmax_of_a_permuted_input_stays_one_rows_kernel():
     text = "(input x f32 [130 70])\n(let r (Softmax (Permute x [1 0]) 1))\n(output r)\n"
     prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
     assert [k.kind for k in prog.kernels] == ["rows"]
+
+
+# Swin's shifted windows: scores plus a permuted bias, viewed to five axes to add the mask
+# per window and back to four for the softmax
+WINDOW_MASK = (
+    "(input s f32 [4 3 7 7])\n(input b f32 [7 7 3])\n(input m f32 [4 7 7])\n"
+    "(let bp (View (Permute b [2 0 1]) [1 3 7 7]))\n(let a (Add s bp))\n"
+    "(let a5 (View a [1 4 3 7 7]))\n(let m5 (View m [1 4 1 7 7]))\n(let am (Add a5 m5))\n"
+    "(let r (Softmax (View am [4 3 7 7]) 3))\n"
+)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_a_loop_read_through_reshapes_is_computed_inside_the_softmax(dtype, monkeypatch):
+    """The adds, over (1, 4, 3, 7, 7), are computed inside the softmax over (4, 3, 7, 7)
+    that reads them through views: the same flat order, operands read right-aligned. In a
+    half type the adds' body ends in its rounding, so the value is the one stored: float16
+    gives the bits of the program that writes the adds (bfloat16: the CUDA simulator's
+    ``run_half_row_producers``, the numpy evaluator having no bfloat16)."""
+    graph, prog = program(WINDOW_MASK.replace("f32", dtype) + "(output r)\n")
+    assert kinds(prog) == ["rows"], prog.to_text()
+    assert not [s for s in prog.steps if s.kind == "view" and s.shape == (1, 4, 3, 7, 7)]
+    if dtype == "f32":
+        check_values(graph, prog)
+    elif dtype == "f16":
+        monkeypatch.setattr(kernel_fusion, "_stores_its_value", lambda k: k.dtype == "f32")
+        _, apart = program(WINDOW_MASK.replace("f32", dtype) + "(output r)\n")
+        assert kinds(apart) == ["loop", "rows"], apart.to_text()
+        x = np.random.default_rng(0).standard_normal(600).astype(np.float16)
+        x[::17] = np.inf
+        inputs = {n.name: x[: np.prod(n.shape)].reshape(n.shape) for n in graph.inputs()}
+        (fused,), (written,) = ev.eval_program(prog, inputs), ev.eval_program(apart, inputs)
+        assert fused.view(np.uint16).tolist() == written.view(np.uint16).tolist()
+
+
+def test_a_loop_whose_reshape_is_also_an_output_is_written():
+    graph, prog = program(WINDOW_MASK + "(output r am)\n")
+    assert kinds(prog) == ["loop", "rows"], prog.to_text()
+    check_values(graph, prog)
+
+
+def test_a_loop_reading_a_channel_of_more_axes_than_the_rows_is_written():
+    """A per-head scale over (1, 1, 3, 1, 1) is read at ``(i // r) % m`` with ``r`` from the
+    loop's own axes: a rows kernel over four axes would compute another ``r``."""
+    text = WINDOW_MASK.replace(
+        "(let am (Add a5 m5))",
+        "(input c f32 [3 1 1])\n(let am (Mul (Add a5 m5) (View c [1 1 3 1 1])))",
+    )
+    graph, prog = program(text + "(output r)\n")
+    assert kinds(prog) == ["loop", "rows"], prog.to_text()
+    check_values(graph, prog)
