@@ -382,20 +382,23 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
         add = operands.add
         table: dict[int, Expr] = {}
         inlined: list[Step] = []
+        done: dict[str, Expr] = {}  # this round's inlined loops (one read twice: once)
         for i, o in enumerate(k.inputs):
             p, chain = _through_reshapes(o.value, mine, by_output, users, outputs)
             pk = p.kernel if p is not None else None
-            if (
+            if o.indexing == "same" and p is not None and p.output in done:
+                table[i] = done[p.output]
+            elif (
                 o.indexing == "same"
                 and pk is not None
                 and pk.kind == Kind.LOOP
-                and p.output not in gone
                 and _stores_its_value(pk)
                 and _unpadded(pk.domain) == _unpadded(dom)
                 and tuple(pk.shape) == tuple(pk.domain)
                 and not any(q.indexing == "middle" and len(q.shape) > len(dom) for q in pk.inputs)
             ):
                 table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
+                done[p.output] = table[i]
                 inlined.append(p)
                 gone |= {p.output, *(v.output for v in chain)}
             else:
