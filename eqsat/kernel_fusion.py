@@ -344,9 +344,9 @@ def inline_row_producers(prog: Program) -> Program:
     kernel loads those operands once per row (``codegen.cuda.row_cache``); the loop's
     output never goes through memory. The loop may be read through reshapes that give back
     its own shape (``_through_reshapes``). Exact: the body is the same scalar expression
-    the loop stored, in the same type (float32 and float64 loops, and half loops whose body
-    ends in the rounding to their type; another half loop rounds when it stores, which the
-    inlined value would not). GPU programs (after ``fuse_rows``)."""
+    the loop stored, in the same type (``stores_its_value``: float32 and float64 loops, and
+    half loops whose body's value already has their type; another half loop rounds when it
+    stores, which the inlined value would not). GPU programs (after ``fuse_rows``)."""
     return _into_rows(prog, _inline_into)
 
 
@@ -382,23 +382,19 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
         add = operands.add
         table: dict[int, Expr] = {}
         inlined: list[Step] = []
-        done: dict[str, Expr] = {}  # this round's inlined loops (one read twice: once)
-        for i, o in enumerate(k.inputs):
+        for i, o in enumerate(k.inputs):  # one entry per value (``Operands``): none twice
             p, chain = _through_reshapes(o.value, mine, by_output, users, outputs)
             pk = p.kernel if p is not None else None
-            if o.indexing == "same" and p is not None and p.output in done:
-                table[i] = done[p.output]
-            elif (
+            if (
                 o.indexing == "same"
                 and pk is not None
                 and pk.kind == Kind.LOOP
-                and _stores_its_value(pk)
+                and stores_its_value(pk)
                 and _unpadded(pk.domain) == _unpadded(dom)
                 and tuple(pk.shape) == tuple(pk.domain)
                 and not any(q.indexing == "middle" and len(q.shape) > len(dom) for q in pk.inputs)
             ):
                 table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
-                done[p.output] = table[i]
                 inlined.append(p)
                 gone |= {p.output, *(v.output for v in chain)}
             else:
@@ -421,20 +417,37 @@ def _unpadded(shape) -> tuple[int, ...]:
     return shape[k:]
 
 
-def _stores_its_value(k: Kernel) -> bool:
+def stores_its_value(k: Kernel) -> bool:
     """Whether a loop's body is the value it stores, so that a reader computing the body
-    itself gets the same bits: float32 and float64 loops, and half loops whose body ends
-    in the rounding to their own type (the store would round nothing more)."""
-    if k.dtype in ROW_FLOATS:
-        return True
-    b = k.body
-    return k.dtype in ot.HALVES and b is not None and b[0] == "cast" and b[2] == k.dtype
+    itself gets the same bits: float32 and float64 loops, and half loops whose body's value
+    already has their type (``typed_as``: the store rounds nothing)."""
+    return k.dtype in ROW_FLOATS or (k.body is not None and typed_as(k.body, k.dtype, k.inputs))
+
+
+def typed_as(e: Expr, dtype: str, inputs: list[Operand]) -> bool:
+    """Whether body ``e``'s value already has type ``dtype`` (storing it rounds nothing)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x[0] == "in":
+            if inputs[x[1]].dtype != dtype:
+                return False
+        elif x[0] == "const":
+            if x[2] != dtype:
+                return False
+        elif x[0] == "where":
+            stack += [x[2], x[3]]
+        elif x[0] == "neg":
+            stack.append(x[1])
+        elif x[0] != "cast" or x[2] != dtype:
+            return False
+    return True
 
 
 def _through_reshapes(
     value: str, readers: set[str], by_output: dict, users: dict, outputs: set
 ) -> tuple[Step | None, list[Step]]:
-    """The step that makes ``value`` for ``reader`` alone, seen through reshapes that give
+    """The step that makes ``value`` for ``readers`` alone, seen through reshapes that give
     back its own shape up to leading unit axes (Swin's shifted-window mask is added over
     (1, windows, heads, n, n) and the softmax reads (windows, heads, n, n)): a packed
     value's flat order is kept by a reshape, so reading the last view at flat index i reads

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .kernel_fusion import Operands, _remap, _users
+from .kernel_fusion import Operands, _remap, _users, stores_its_value
 from .kinds import Kind
 from .program import (
     Expr,
@@ -40,7 +40,6 @@ from .program import (
     validate,
 )
 
-_FLOATS = ("f32", "f64")
 _SELECT = frozenset({"where", "neg", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
 
 
@@ -87,26 +86,6 @@ def _split_shape(shape: tuple[int, ...], domain: tuple[int, ...], groups) -> tup
     return tuple(out)
 
 
-def _typed_as(e: Expr, dtype: str, inputs: list[Operand]) -> bool:
-    """Whether body ``e``'s value already has type ``dtype`` (storing it rounds nothing)."""
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if x[0] == "in":
-            if inputs[x[1]].dtype != dtype:
-                return False
-        elif x[0] == "const":
-            if x[2] != dtype:
-                return False
-        elif x[0] == "where":
-            stack += [x[2], x[3]]
-        elif x[0] == "neg":
-            stack.append(x[1])
-        elif x[0] != "cast" or x[2] != dtype:
-            return False
-    return True
-
-
 def _selects_only(e: Expr) -> bool:
     stack = [e]
     while stack:
@@ -135,7 +114,7 @@ def _producer(v: str, by_output: dict, users: dict, outputs: set) -> Step | None
         or p.output in outputs
         or users.get(p.output) != {v}
         or tuple(k.shape) != tuple(k.domain)
-        or not (k.dtype in _FLOATS or _typed_as(k.body, k.dtype, k.inputs))
+        or not stores_its_value(k)
     ):
         return None
     readers = users.get(v, set())

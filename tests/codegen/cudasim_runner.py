@@ -1055,12 +1055,12 @@ def run_half_row_producers() -> int:
     text = SWIN_MASK.replace("f32", "bf16")
     graph = parse_graph(text + "\n", "window_mask_softmax_bf16")
     fused = compile_graph(graph, machine="gpu", io_on_device=True).program
-    keep = kernel_fusion._stores_its_value
-    kernel_fusion._stores_its_value = lambda k: k.dtype in ("f32", "f64")
+    keep = kernel_fusion.stores_its_value
+    kernel_fusion.stores_its_value = lambda k: k.dtype in ("f32", "f64")
     try:
         apart = compile_graph(graph, machine="gpu", io_on_device=True).program
     finally:
-        kernel_fusion._stores_its_value = keep
+        kernel_fusion.stores_its_value = keep
     assert [k.kind for k in fused.kernels] == ["rows"] and len(apart.kernels) == 2, apart
     rng = np.random.default_rng(3)
     bits = {}

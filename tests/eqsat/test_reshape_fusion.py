@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.kernel_fusion import typed_as
 from saturn.eqsat.pipeline import compile_graph
 from saturn.eqsat.program import Operand
-from saturn.eqsat.reshape_fusion import _typed_as, refinement
+from saturn.eqsat.reshape_fusion import refinement
 
 from .values import check_values
 
@@ -69,11 +70,11 @@ def test_a_half_producer_is_taken_only_where_its_value_has_its_type():
     negates bf16 values), or the reader would see an unrounded one."""
     ins = [Operand("x", "bf16", (4,), "same"), Operand("m", "f32", (4,), "same")]
     x, m = ("in", 0), ("in", 1)
-    assert _typed_as(("cast", ("mul", x, x), "bf16"), "bf16", ins)
-    assert _typed_as(("where", ("eq", m, m), ("cast", ("neg", x), "bf16"), x), "bf16", ins)
-    assert not _typed_as(("mul", x, x), "bf16", ins)  # rounded only when stored
-    assert not _typed_as(("where", ("eq", m, m), m, x), "bf16", ins)  # an f32 branch
-    assert not _typed_as(("cast", m, "f16"), "bf16", ins)
+    assert typed_as(("cast", ("mul", x, x), "bf16"), "bf16", ins)
+    assert typed_as(("where", ("eq", m, m), ("cast", ("neg", x), "bf16"), x), "bf16", ins)
+    assert not typed_as(("mul", x, x), "bf16", ins)  # rounded only when stored
+    assert not typed_as(("where", ("eq", m, m), m, x), "bf16", ins)  # an f32 branch
+    assert not typed_as(("cast", m, "f16"), "bf16", ins)
 
 
 def test_declines_where_the_producer_is_an_output():
