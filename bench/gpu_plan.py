@@ -44,6 +44,11 @@ def kernel_sources(program) -> list:
         elif k.kind == "pad":
             x = k.inputs[0]
             out.append(cg.generate_pad(cg.MEMORY_SIZE[x.dtype], len(x.shape)))
+        elif k.kind == "roll":
+            from saturn.codegen.roll import generate_roll
+
+            x = k.inputs[0]
+            out.append(generate_roll(cg.MEMORY_SIZE[x.dtype], len(x.shape)))
     return out
 
 
@@ -102,6 +107,7 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
                 "crossings": c.program.count("crossing"),
                 "kernels": len(c.program.kernels),
                 "custom": sum(k.kind == "custom" for k in c.program.kernels),
+                "kinds": Counter(k.kind for k in c.program.kernels),
                 "import_s": t_import,
                 "compile_s": compile_s,
             }
@@ -134,6 +140,7 @@ def main() -> None:
     ap.add_argument(
         "--build", action="store_true", help="also time building the kernels (no GPU needed)"
     )
+    ap.add_argument("--kinds", action="store_true", help="also count the kernels by kind")
     a = ap.parse_args()
     for name in a.names:
         torch._dynamo.reset()
@@ -149,6 +156,8 @@ def main() -> None:
                 + f"; host [{host}]",
                 flush=True,
             )
+            if a.kinds:
+                print("  kinds: " + ", ".join(f"{k} {v}" for k, v in p["kinds"].most_common()))
 
 
 if __name__ == "__main__":

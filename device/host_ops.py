@@ -71,6 +71,7 @@ ADAPTERS = {
     "Pad": _pad,
     "IndexAdd": _index_add,
     "Take": _take,
+    "Roll": lambda x, shifts: torch.roll(x, list(shifts), list(range(x.dim()))),
     "Cat": lambda a, b, dim: torch.cat([a, b], dim),
     "Cast": lambda x, dtype: x.to(TORCH_DTYPES[dtype]),
     "Gelu": lambda x: torch.ops.aten.gelu.default(x),

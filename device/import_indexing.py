@@ -1,6 +1,6 @@
 """Importer handlers for indexing: embeddings, ``index_select``, advanced ``index`` (one
-index tensor or several), ``index_put``, and indices that repeat rows (nearest upsampling);
-constant indices are evaluated at import where they are small.
+index tensor or several), ``index_put``, indices that repeat rows (nearest upsampling) and
+rolls; constant indices are evaluated at import where they are small.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from saturn.eqsat.graph import Node, bits_float, float_bits
 from saturn.eqsat.program import packed_strides
 from saturn.eqsat.types import broadcast
 
-from .import_core import Importer, handles, tensor_type
+from .import_core import Importer, handles, is_symbolic, tensor_type
 
 _CONST_LIMIT = 1 << 20  # elements: larger constants are not evaluated at import
 
@@ -405,8 +405,49 @@ def _h_as_strided_scatter(imp: Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "View", (out,), (shape,), dtype, shape), node.name)
 
 
+def _h_roll(imp: Importer, node: torch.fx.Node):
+    """roll(x, shifts, dims): one ``Roll`` with a shift in [0, size) per axis (shifts on one
+    axis add up, as PyTorch applies them one after another); with no dims, the flattened
+    tensor rolled and viewed back. Nothing moves (every shift a multiple of its size): a
+    copy (``Cast`` to its own dtype: roll's result never shares x's memory). Declined where
+    a rolled axis is symbolic (the shift modulo its size is unknown here)."""
+    x = node.args[0]
+    shifts = node.args[1] if len(node.args) > 1 else node.kwargs.get("shifts")
+    dims = node.args[2] if len(node.args) > 2 else node.kwargs.get("dims", ())
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts or ())
+    dims = [dims] if isinstance(dims, int) else list(dims or ())
+    xn = imp.g.nodes[imp.env[x.name]]
+    dtype, shape = tensor_type(node)
+    rank, src = len(xn.shape), xn.name
+    if not all(type(v) is int for v in (*shifts, *dims)) or not shifts or rank == 0:
+        return None
+    if not dims:  # the flattened tensor rolled
+        if len(shifts) != 1:
+            return None
+        flat = (math.prod(xn.shape),)
+        src = imp.add(Node(imp.fresh("roll_flat"), "View", (src,), (flat,), dtype, flat))
+        dims, rank = [0], 1
+    if len(dims) != len(shifts) or not all(-rank <= d < rank for d in dims):
+        return None
+    sizes = imp.g.nodes[src].shape
+    per_axis = [0] * rank
+    for s, d in zip(shifts, dims, strict=True):
+        if is_symbolic(sizes[d % rank]):
+            return None
+        per_axis[d % rank] += s
+    per_axis = tuple(s % n if n else 0 for s, n in zip(per_axis, sizes, strict=True))
+    flat = src != xn.name
+    name = imp.fresh("roll") if flat else node.name
+    op, attrs = ("Roll", (per_axis,)) if any(per_axis) else ("Cast", (dtype,))
+    out = imp.add(Node(name, op, (src,), attrs, dtype, sizes), None if flat else node.name)
+    if not flat:
+        return out
+    return imp.add(Node(node.name, "View", (out,), (tuple(shape),), dtype, tuple(shape)), node.name)
+
+
 handles(
     {
+        "aten.roll.default": _h_roll,
         "aten._unsafe_index.Tensor": _h_index_repeat,
         "aten.index.Tensor": _h_index,
         "aten.embedding.default": _h_embedding,

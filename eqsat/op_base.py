@@ -330,6 +330,11 @@ def _pad(x: np.ndarray, pads: tuple, value_bits: int) -> np.ndarray:
     return np.pad(x, widths, constant_values=value)
 
 
+def _roll(x: np.ndarray, shifts: tuple) -> np.ndarray:
+    """``x`` rolled by ``shifts[d]`` along every axis d (``out[i] = x[(i - s) mod n]``)."""
+    return np.roll(x, tuple(shifts), axis=tuple(range(x.ndim))) if x.ndim else x.copy()
+
+
 def _unary(fn: Callable) -> Callable:
     def run(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):

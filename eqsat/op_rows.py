@@ -41,6 +41,7 @@ from .op_base import (
     _pad,
     _relu,
     _remainder,
+    _roll,
     _sigmoid,
     _silu,
     _take,
@@ -536,6 +537,17 @@ OPS: tuple[Op, ...] = (
         dtypes=MOVED,
         shape="pad",
         doc="x with (before, after) elements of value around each axis, axis 0 first",
+    ),
+    Op(
+        "Roll",
+        COPY,
+        1,
+        (("shifts", "ints"),),
+        (),
+        numpy=_roll,
+        dtypes=MOVED,
+        shape="roll",
+        doc="x rolled along every axis d by shifts[d] in [0, size): out[i] = x[(i - s) mod n]",
     ),
     # custom ops found by opt-in patterns
     Op(

@@ -251,12 +251,13 @@ def _constant_divisor_placement(op: ot.Op) -> list[str]:
 def half_facts() -> str:
     """The facts that let a GPU target run half types (decision 0032): rounded elementwise
     ops, conversions to and from them, products (cuBLASLt) and convolutions (cuDNN), both
-    accumulating in float32, row takes, concatenations and pads (they move bits). The CPU
-    reference device has no half kernels, so the pipeline asserts these per machine."""
+    accumulating in float32, row takes, concatenations, pads and rolls (they move bits).
+    The CPU reference device has no half kernels, so the pipeline asserts these per
+    machine."""
     out = [f'(device-half "{d}")' for d in ot.HALVES]
     for op in ot.rounded_halves():
         out += [f'(device-rounded "{op.name}" "{d}")' for d in ot.HALVES]
-    for name in ("Cast", "Take", "Cat", "Pad", *ot.HALF_GEMMS, *ot.HALF_CONVS):
+    for name in ("Cast", "Take", "Cat", "Pad", "Roll", *ot.HALF_GEMMS, *ot.HALF_CONVS):
         out += [f'(device-dtype "{name}" "{d}")' for d in ot.HALVES]
     return "\n".join(out) + "\n"
 

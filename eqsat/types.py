@@ -109,6 +109,12 @@ def pad_shape(x: Shape, pads) -> Shape:
     return tuple(n + pads[2 * d] + pads[2 * d + 1] for d, n in enumerate(x))
 
 
+def roll_shape(x: Shape, shifts) -> Shape:
+    if len(shifts) != len(x) or any(not 0 <= s < max(n, 1) for s, n in zip(shifts, x, strict=True)):
+        raise ValueError(f"Roll takes a shift in [0, size) per axis of {list(x)}, got {shifts}")
+    return tuple(x)
+
+
 def result_dtype(row: ot.Op, dtypes: list[str], attrs: tuple) -> str:
     if row.name == "Cast":
         return attrs[0]
@@ -197,6 +203,8 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return cat_shape(shapes[0], shapes[1], attrs[0])
     if rule == "pad":
         return pad_shape(shapes[0], attrs[0])
+    if rule == "roll":
+        return roll_shape(shapes[0], attrs[0])
     raise ValueError(f"no shape rule {rule!r}")
 
 

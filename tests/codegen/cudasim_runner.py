@@ -1000,6 +1000,42 @@ def run_pads() -> int:
     return failures
 
 
+def run_rolls() -> int:
+    """Rolls: packed and transposed inputs of each element width, one axis and several,
+    shifts of 0 and size - 1, against numpy's roll."""
+    from saturn.codegen.roll import generate_roll
+
+    rng = np.random.default_rng(6)
+    failures = 0
+    cases = [  # dtype, shape, transposed, shift per axis
+        (np.float32, (2, 5, 4), False, (0, 2, 3)),
+        (np.float64, (3, 7), True, (2, 6)),
+        (np.int16, (4, 3, 2), True, (1, 0, 1)),
+        (np.float16, (9,), False, (4,)),
+        (np.uint8, (3, 4), False, (2, 0)),
+    ]
+    for dtype, shape, transposed, shifts in cases:
+        base = (rng.standard_normal(shape[::-1] if transposed else shape) * 50).astype(dtype)
+        x = base.T if transposed else base
+        if dtype is np.float32:
+            x.flat[:3] = [np.nan, -np.inf, -0.0]
+        width = x.itemsize
+        word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+        want = np.roll(x, shifts, axis=tuple(range(x.ndim)))
+        out = np.zeros(want.size, dtype=word)
+        fn = cuda.jit(cg.python_function(generate_roll(width, x.ndim)))
+        fn[2, 32](
+            out, base_of(x).copy().view(word), want.size,
+            *x.shape, *shifts, *[st // width for st in x.strides],
+        )  # fmt: skip
+        got = out.view(dtype).reshape(want.shape)
+        ok = np.array_equal(got.view(word), np.ascontiguousarray(want).view(word))
+        name = np.dtype(dtype).name
+        print(f"{'ok' if ok else 'FAIL'} roll {name} {shape} t={transposed} {shifts}")
+        failures += not ok
+    return failures
+
+
 def run_scatter_adds() -> int:
     """Rows added into a table: float and integer dtypes, a repeated row, a negative index
     (from the end), strided values, against numpy's add.at; an index out of range adds
@@ -1125,8 +1161,9 @@ def run_graphs() -> int:
 
 
 def run_variants() -> int:
-    """Rows kernels in their other forms, and the scalar loop variant."""
-    failures = run_scheduler()
+    """Rolls, rows kernels in their other forms, and the scalar loop variant."""
+    failures = run_rolls()
+    failures += run_scheduler()
     # rows kernels again with the row kept in registers however short it is, by blocks
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
