@@ -7,6 +7,8 @@ runs its kind's reference (``kinds/``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import optable as ot
@@ -63,15 +65,18 @@ def run_kernel(s, operands: list[np.ndarray]) -> np.ndarray:
 
 
 def _right_aligned(k, operands: list[np.ndarray]) -> list[np.ndarray]:
-    """Operands with more axes than the kernel's domain, all leading ones of length 1 (a
-    loop computed inside a rows kernel through a reshape, ``kernel_fusion``), as kernels
-    read them: right-aligned, those axes dropped."""
+    """Operands as kernels read them: with more axes than the kernel's domain, all leading
+    ones of length 1 (a loop computed inside a rows kernel through a reshape,
+    ``kernel_fusion``), right-aligned, those axes dropped; packed ("same") ones of another
+    shape (a rows kernel over a grid that splits their axes) at their flat index."""
     n = len(k.domain)
     if k.body is None or not n:
         return operands
-    return [
-        a.reshape(a.shape[a.ndim - n :])
-        if a.ndim > n and all(d == 1 for d in a.shape[: a.ndim - n])
-        else a
-        for a in operands
-    ]
+    out = []
+    for a, o in zip(operands, k.inputs, strict=True):
+        if o.indexing == "same" and a.shape != tuple(k.domain) and a.size == math.prod(k.domain):
+            a = a.reshape(k.domain)
+        elif a.ndim > n and all(d == 1 for d in a.shape[: a.ndim - n]):
+            a = a.reshape(a.shape[a.ndim - n :])
+        out.append(a)
+    return out

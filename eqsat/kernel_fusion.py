@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from saturn.eqsat import optable as ot
 
+from .grids import refinement, regridded, unpadded
 from .kinds import Kind
 from .program import (
     MAX_CONCAT,
@@ -374,15 +375,11 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
     """Inline into rows step ``s`` the loops only it reads (``inline_row_producers``), and
     then the loops only those read, until none is left; the inlined steps' outputs."""
     k = s.kernel
-    dom = tuple(k.domain)
     mine = {s.output}  # this step and what it computes inside now: their reads are its
     gone: set[str] = set()
     while True:
-        operands = Operands()
-        add = operands.add
-        table: dict[int, Expr] = {}
-        inlined: list[Step] = []
-        for i, o in enumerate(k.inputs):  # one entry per value (``Operands``): none twice
+        candidates = {}  # operand slot -> (loop step, the views between)
+        for i, o in enumerate(k.inputs):
             p, chain = _through_reshapes(o.value, mine, by_output, users, outputs)
             pk = p.kernel if p is not None else None
             if (
@@ -390,11 +387,25 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
                 and pk is not None
                 and pk.kind == Kind.LOOP
                 and stores_its_value(pk)
-                and _unpadded(pk.domain) == _unpadded(dom)
                 and tuple(pk.shape) == tuple(pk.domain)
-                and not any(q.indexing == "middle" and len(q.shape) > len(dom) for q in pk.inputs)
             ):
-                table[i] = _remap(pk.body, {j: add(po) for j, po in enumerate(pk.inputs)})
+                candidates[i] = (p, chain)
+        for p, _ in candidates.values():  # a loop over a finer grid: the rows kernel takes it
+            fine = _finer_rows_grid(k, tuple(p.kernel.domain))
+            if fine is not None:
+                coarse, k.domain = tuple(k.domain), fine
+                k.inputs = [regridded(q, coarse, fine) for q in k.inputs]
+                break
+        dom = tuple(k.domain)
+        operands = Operands()
+        add = operands.add
+        table: dict[int, Expr] = {}
+        inlined: list[Step] = []
+        for i, o in enumerate(k.inputs):  # one entry per value (``Operands``): none twice
+            p, chain = candidates.get(i, (None, []))
+            reads = _loop_reads(p.kernel, dom) if p is not None else None
+            if reads is not None:
+                table[i] = _remap(p.kernel.body, {j: add(po) for j, po in enumerate(reads)})
                 inlined.append(p)
                 gone |= {p.output, *(v.output for v in chain)}
             else:
@@ -409,12 +420,37 @@ def _inline_into(s: Step, by_output: dict, users: dict, outputs: set) -> set[str
         mine |= {p.output for p in inlined}
 
 
-def _unpadded(shape) -> tuple[int, ...]:
-    """A shape without its leading unit axes: operands are read right-aligned (strides,
-    broadcasts), so a loop over (1, n, m) computes inside a rows kernel over (n, m)."""
-    shape = tuple(shape)
-    k = next((i for i, d in enumerate(shape) if d != 1), len(shape))
-    return shape[k:]
+def _finer_rows_grid(k: Kernel, pd: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``pd`` where a loop over it (read through reshapes) splits rows kernel ``k``'s axes
+    other than its row (Swin's mask added per image and window, (32, 64, 3, 49, 49), read by
+    a softmax over (2048, 3, 49, 49)) and every operand of ``k`` reads the same over it;
+    else None."""
+    dom = tuple(k.domain)
+    if unpadded(pd) == unpadded(dom):
+        return None
+    groups = refinement(pd, dom)
+    if groups is None or groups[-1] != [dom[-1]] or "take" in k.attrs:
+        return None
+    if any(regridded(q, dom, pd) is None for q in k.inputs):
+        return None
+    return pd
+
+
+def _loop_reads(pk: Kernel, dom: tuple[int, ...]) -> list[Operand] | None:
+    """Loop ``pk``'s operands as a rows kernel over ``dom`` reads them: as they are over
+    the same grid (up to leading unit axes), regridded where ``dom`` splits ``pk``'s axes
+    other than the row; None where the grids differ otherwise, or an operand needs a view
+    (or, read by channel, has more axes than the rows: its run length would differ)."""
+    pd = tuple(pk.domain)
+    if any(q.indexing == "middle" and len(q.shape) > len(dom) for q in pk.inputs):
+        return None
+    if unpadded(pd) == unpadded(dom):
+        return list(pk.inputs)
+    groups = refinement(dom, pd)
+    if groups is None or groups[-1] != [pd[-1]]:
+        return None
+    reads = [regridded(q, pd, dom) for q in pk.inputs]
+    return None if any(r is None for r in reads) else reads
 
 
 def stores_its_value(k: Kernel) -> bool:
@@ -447,13 +483,13 @@ def typed_as(e: Expr, dtype: str, inputs: list[Operand]) -> bool:
 def _through_reshapes(
     value: str, readers: set[str], by_output: dict, users: dict, outputs: set
 ) -> tuple[Step | None, list[Step]]:
-    """The step that makes ``value`` for ``readers`` alone, seen through reshapes that give
-    back its own shape up to leading unit axes (Swin's shifted-window mask is added over
-    (1, windows, heads, n, n) and the softmax reads (windows, heads, n, n)): a packed
-    value's flat order is kept by a reshape, so reading the last view at flat index i reads
-    the step's element i. ``value`` is read by ``readers`` alone (a rows step and the loops
-    it computes inside), each value on the way by the next view alone, and none of them is
-    a program output; (None, []) when that fails."""
+    """The step that makes ``value`` for ``readers`` alone, seen through reshapes (Swin's
+    shifted-window mask is added over (images, windows, heads, n, n) and the softmax reads
+    (images * windows, heads, n, n)): a packed value's flat order is kept by a reshape, so
+    reading the last view at flat index i reads the step's element i. ``value`` is read by
+    ``readers`` alone (a rows step and the loops it computes inside), each value on the way
+    by the next view alone, and none of them is a program output; (None, []) when that
+    fails. The caller compares the grids."""
     chain: list[Step] = []
     allowed = readers
     while True:
@@ -466,7 +502,7 @@ def _through_reshapes(
             return None, []
         chain.append(p)
         allowed, value = {p.output}, p.args[0]
-    if chain and (p is None or _unpadded(p.shape) != _unpadded(chain[0].shape)):
+    if chain and p is None:
         return None, []
     return p, chain
 

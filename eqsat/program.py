@@ -138,6 +138,8 @@ def format_step(s: Step) -> str:
             body += f" then {format_expr(k.epilogue).replace('in0', 'acc')}"
         if k.stages:
             body = f" stages [{'; '.join(format_stage(st) for st in k.stages)}]" + body
+            if tuple(k.domain) != tuple(k.shape):  # a grid that splits its axes
+                body = f" over {fmt_ints(k.domain)}" + body
         return f"{s.output} = kernel {k.kind}({ins}){attrs}{body} : {typ}"
     args = " ".join(s.args)
     attrs = "".join(f" {fmt_attr_value(a)}" for a in s.attrs)

@@ -24,8 +24,7 @@ last axis is its row: a loop with per-row operands is left alone).
 
 from __future__ import annotations
 
-import math
-
+from .grids import refinement, split_shape
 from .kernel_fusion import Operands, _remap, _users, stores_its_value
 from .kinds import Kind
 from .program import (
@@ -41,49 +40,6 @@ from .program import (
 )
 
 _SELECT = frozenset({"where", "neg", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
-
-
-def refinement(fine: tuple[int, ...], coarse: tuple[int, ...]) -> list[list[int]] | None:
-    """For each axis of ``coarse``, the sizes of the consecutive axes of ``fine`` it splits
-    into (a size-1 axis of ``coarse`` takes a size-1 axis of ``fine`` where one stands
-    there, else none; size-1 axes of ``fine`` inside a split join it; trailing ones join
-    the last group), or None where ``fine`` does not refine ``coarse``."""
-    if math.prod(fine) != math.prod(coarse):
-        return None
-    groups: list[list[int]] = []
-    i = 0
-    for n in coarse:
-        g: list[int] = []
-        if n == 1:
-            if i < len(fine) and fine[i] == 1:
-                g.append(1)
-                i += 1
-        else:
-            p = 1
-            while i < len(fine) and p < n:
-                p *= fine[i]
-                g.append(fine[i])
-                i += 1
-            if p != n:
-                return None
-        groups.append(g)
-    if any(s != 1 for s in fine[i:]):
-        return None
-    if groups:
-        groups[-1] += list(fine[i:])
-    elif len(fine) > i:
-        return None
-    return groups
-
-
-def _split_shape(shape: tuple[int, ...], domain: tuple[int, ...], groups) -> tuple[int, ...]:
-    """``shape`` (broadcasting to ``domain``) with each axis split as ``groups`` splits the
-    domain's: a full axis into the group's sizes, a broadcast one into ones."""
-    padded = (1,) * (len(domain) - len(shape)) + tuple(shape)
-    out: list[int] = []
-    for n, d, g in zip(padded, domain, groups, strict=True):
-        out += g if n == d else [1] * len(g)
-    return tuple(out)
 
 
 def _selects_only(e: Expr) -> bool:
@@ -191,7 +147,7 @@ def _refined(s: Step, p: Step, slot: int, reshape: Step) -> list[Step]:
                 Operand(view(o.value, "View", (fine,), o.dtype, fine), o.dtype, fine, "same")
             )
         else:
-            shape = _split_shape(tuple(o.shape), dom, groups)
+            shape = split_shape(tuple(o.shape), dom, groups)
             name = o.value
             if shape != tuple(o.shape):
                 name = view(name, "View", (shape,), o.dtype, shape)

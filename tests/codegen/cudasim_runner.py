@@ -33,6 +33,17 @@ SWIN_MASK = (
     "(let r (Softmax (View am [4 3 7 7]) 3))\n(output r)"
 )
 
+# the same over two images (the mask added per image and window, (2, 4, 3, 7, 7), read by a
+# softmax over (8, 3, 7, 7)), scaled per head by a channel of five axes
+SWIN_MASK_BATCHED = (
+    "(input s f32 [8 3 7 7])\n(input b f32 [7 7 3])\n(input m f32 [4 7 7])\n"
+    "(input c f32 [3 1 1])\n"
+    "(let bp (View (Permute b [2 0 1]) [1 3 7 7]))\n(let a (Add s bp))\n"
+    "(let a5 (View a [2 4 3 7 7]))\n(let m5 (View m [1 4 1 7 7]))\n"
+    "(let am (Mul (Add a5 m5) (View c [1 1 3 1 1])))\n"
+    "(let r (Softmax (View am [8 3 7 7]) 3))\n(output r)"
+)
+
 GRAPHS = {
     # reductions over axes that are not adjacent: permuted views, a broadcast operand
     # expanded first, keepdim on and off
@@ -59,6 +70,7 @@ GRAPHS = {
     # Swin's shifted windows (inline_row_producers through reshapes): the scores plus a
     # permuted bias, viewed to five axes for the mask and back, computed inside the softmax
     "window_mask_softmax": SWIN_MASK,
+    "window_mask_softmax_batched": SWIN_MASK_BATCHED,  # the softmax over the mask's grid
     "fma_sigmoid": "(input a f32 [37])\n(input b f32 [37])\n(input c f32 [37])\n"
     "(let r (Sigmoid (Relu (Add (Mul a b) c))))\n(output r)",
     "bias_trailing": "(input x f32 [5 7])\n(param b f32 [7])\n"

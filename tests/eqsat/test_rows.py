@@ -226,3 +226,62 @@ def test_a_loop_reading_a_channel_of_more_axes_than_the_rows_is_written():
     graph, prog = program(text + "(output r)\n")
     assert kinds(prog) == ["loop", "rows"], prog.to_text()
     check_values(graph, prog)
+
+
+# Swin at batch 2: the mask is added per image and window, over (2, 4, 3, 7, 7), and read
+# by the softmax over (8, 3, 7, 7)
+BATCHED = (
+    WINDOW_MASK.replace("[4 3 7 7])\n(input b", "[8 3 7 7])\n(input b")
+    .replace("[1 4 3 7 7]", "[2 4 3 7 7]")
+    .replace("(View am [4 3 7 7])", "(View am [8 3 7 7])")
+)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_a_softmax_runs_over_the_finer_grid_of_the_loops_it_reads(dtype, monkeypatch):
+    """The softmax takes the mask add's grid (it splits the softmax's axes other than the
+    row) and computes both adds inside; the bias add, over the softmax's own grid, is read
+    at the same flat index. Float16: the bits of the program that writes the adds."""
+    assert "(input s f32 [8 3 7 7])" in BATCHED and "(View am [8 3 7 7])" in BATCHED
+    text = BATCHED.replace("f32", dtype) + "(output r)\n"
+    graph, prog = program(text)
+    assert kinds(prog) == ["rows"], prog.to_text()
+    (k,) = prog.kernels
+    assert tuple(k.domain) == (2, 4, 3, 7, 7) and tuple(k.shape) == (8, 3, 7, 7)
+    if dtype == "f32":
+        check_values(graph, prog)
+        return
+    monkeypatch.setattr(kernel_fusion, "stores_its_value", lambda k: k.dtype == "f32")
+    _, apart = program(text)
+    assert kinds(apart) == ["loop", "loop", "rows"], apart.to_text()
+    x = np.random.default_rng(1).standard_normal(2000).astype(np.float16)
+    x[::13] = np.inf
+    inputs = {n.name: x[: np.prod(n.shape)].reshape(n.shape) for n in graph.inputs()}
+    (fused,), (written,) = ev.eval_program(prog, inputs), ev.eval_program(apart, inputs)
+    assert fused.view(np.uint16).tolist() == written.view(np.uint16).tolist()
+
+
+def test_a_channel_of_the_finer_grid_is_read_there():
+    """A per-head scale over (1, 1, 3, 1, 1) is read at ``(i // r) % m`` with ``r`` from
+    the finer grid's axes, which the softmax now runs over."""
+    text = BATCHED.replace(
+        "(let am (Add a5 m5))",
+        "(input c f32 [3 1 1])\n(let am (Mul (Add a5 m5) (View c [1 1 3 1 1])))",
+    )
+    graph, prog = program(text + "(output r)\n")
+    assert kinds(prog) == ["rows"], prog.to_text()
+    check_values(graph, prog)
+
+
+def test_a_per_row_operand_keeps_the_softmax_on_its_own_grid():
+    """A value per row of the softmax's grid, (8, 3, 7, 1), would split into (2, 4, 3, 7,
+    1): read right-aligned without a view it is another value, so the softmax keeps its
+    grid and both adds stay loops (the bias add is read by the mask add, not the softmax)."""
+    text = BATCHED.replace(
+        "(let r (Softmax (View am [8 3 7 7]) 3))",
+        "(input t f32 [8 3 7 1])\n(let r (Softmax (Add (View am [8 3 7 7]) t) 3))",
+    )
+    graph, prog = program(text + "(output r)\n")
+    assert kinds(prog) == ["loop", "loop", "rows"], prog.to_text()
+    assert tuple(prog.kernels[-1].domain) == (8, 3, 7, 7)
+    check_values(graph, prog)
