@@ -27,7 +27,7 @@ def test_every_emitter_module_registers_its_kinds_launcher():
     """A kind whose spec names an emitter gets its launcher from there (the runner names
     none of them); one without an emitter is refused by codegen's table."""
     emitted = [s for s in SPECS if s.emitter]
-    assert {s.name for s in emitted} == {"gather", "scatter", "concat", "pad"}
+    assert {s.name for s in emitted} == {"gather", "scatter", "concat", "pad", "roll"}
     for s in emitted:
         __import__(s.emitter)
     assert launchers.LAUNCHERS.covers() == {s.name for s in emitted}
