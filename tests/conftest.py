@@ -42,14 +42,7 @@ def dev(request) -> str:
     return request.param
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    # a file's tests run in one worker (its module fixtures, such as the simulator's
-    # processes, are made once), unless a test names its own group: the zoo's models, a
-    # third of the suite's time in one file, spread over the workers one model at a time
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     reason = None
     for item in items:
         if "gpu" in item.keywords and not any(m.name == "skipif" for m in item.iter_markers()):
@@ -69,6 +62,6 @@ def _seeded(request):
     import numpy as np
     import torch
 
-    seed = zlib.crc32(request.node.nodeid.split("@")[0].encode())  # less xdist's "@group"
+    seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     np.random.seed(seed)

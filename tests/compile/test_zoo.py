@@ -28,15 +28,7 @@ _spec.loader.exec_module(zoo)
 # the CNNs whose tiny forms still take seconds each on two cores (marked slow: `-m "not
 # slow"` skips them in a quick run; CI runs everything)
 SLOW = {"densenet121", "resnet152", "mobilenet_v2", "swin_t", "regnet_y_400mf", "efficientnet_b0"}
-# each model its own group of workers' tests (tests/conftest.py): one worker need not run
-# the whole zoo
-MODELS = [
-    pytest.param(
-        n,
-        marks=[pytest.mark.xdist_group(f"zoo-{n}"), *([pytest.mark.slow] if n in SLOW else [])],
-    )
-    for n in zoo.MODELS
-]
+MODELS = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in zoo.MODELS]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
