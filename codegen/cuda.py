@@ -160,7 +160,13 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
     their index (strided and broadcast operands) in 32-bit arithmetic. Made once per
     structure (``structure``) and reused; treat the result as read-only."""
     # the rows emitter's tunables too (the simulator's tests and bench/cuda_sources.py set them)
-    tunables = (cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES)
+    tunables = (
+        cuda_rows.ROWS_WARP_MIN,
+        cuda_rows.ROW_REGISTERS,
+        cuda_rows.ROW_CACHE_BYTES,
+        cuda_rows.ROW_SEGMENT_STEPS,
+        cuda_rows.ROW_SEGMENT_KEEP,
+    )
     key = f"{structure(k)}|{lanes}|{narrow}|{tunables}"
     g = _GENERATED.get(key)
     if g is None:
@@ -205,9 +211,10 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
     ptypes = [MEMORY_TYPE[k.dtype], *(MEMORY_TYPE[o.dtype] for o in k.inputs)]
     if "err" in params.pointers:  # a fused take's error word
         ptypes.append("int32")
-    threads = rows_threads(k, lanes) if style == "rows-block" else THREADS
+    width = rows_threads(k, lanes) if k.kind == Kind.ROWS else 32
+    threads = width if style == "rows-block" else THREADS
     if lanes == 1:
-        return Generated(fn, src, params, ptypes, style, threads=threads)
+        return Generated(fn, src, params, ptypes, style, threads=threads, row_threads=width)
     dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
     vectors = ("same", "strided", "table")
     packed = (
@@ -215,7 +222,9 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
         *(1 + i for i, o in enumerate(k.inputs) if o.indexing in vectors or _row_trailing(k, i)),
     )
     aligned = tuple((p, lanes * MEMORY_SIZE[dtypes[p]]) for p in packed)
-    return Generated(fn, src, params, ptypes, style, lanes, threads=threads, aligned=aligned)
+    return Generated(
+        fn, src, params, ptypes, style, lanes, threads=threads, aligned=aligned, row_threads=width
+    )
 
 
 NAMED_OPS = 4  # most operation names a kernel's name lists

@@ -10,7 +10,6 @@ import threading
 
 from .cubins import build
 from .cuda_reads import BLOCKS_PER_SM
-from .cuda_rows import ROWS_PER_BLOCK
 from .generated import THREADS, Generated
 
 # --- launch geometry -----------------------------------------------------------------
@@ -27,8 +26,8 @@ def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[
     if g.style == "row-thread":
         rows = math.ceil(sizes["outer"] / THREADS)
         return max(1, min(rows, int(sm_count * BLOCKS_PER_SM))), THREADS
-    if g.style == "rows":
-        return max(1, math.ceil(sizes["outer"] / ROWS_PER_BLOCK)), THREADS
+    if g.style == "rows":  # a warp, or part of one, per row
+        return max(1, math.ceil(sizes["outer"] / (THREADS // g.row_threads))), THREADS
     if g.style == "rows-block":
         return max(1, sizes["outer"]), g.threads
     if g.style == "row-block":

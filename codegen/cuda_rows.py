@@ -115,9 +115,10 @@ def row_cache(k: Kernel, width: int, lanes: int) -> tuple[int, list[int]] | None
     used = set().union(*(_used(st.body) for st in k.stages))
     kept = [i for i in sorted(used) if _row_indexed(k, i)]
     row_bytes = k.domain[-1] * sum(MEMORY_SIZE[k.inputs[i].dtype] for i in kept)
-    if not kept or steps * lanes * len(kept) > ROW_REGISTERS or row_bytes < ROW_CACHE_BYTES:
+    short = width < 32 and ROW_SEGMENT_KEEP  # short rows by parts of a warp: kept if they fit
+    if not kept or steps * lanes * len(kept) > ROW_REGISTERS:
         return None
-    return steps, kept
+    return (steps, kept) if short or row_bytes >= ROW_CACHE_BYTES else None
 
 
 def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
@@ -211,12 +212,24 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             "    row = cuda.blockIdx.x",
             "    if row < outer:",
         ]
-    else:  # a warp per row, several rows per block
+    elif width == 32:  # a warp per row, several rows per block
         lines = [
             f"def {fn}({params.signature()}):",
             "    lane = cuda.threadIdx.x % 32",
             f"    row = cuda.blockIdx.x * {ROWS_PER_BLOCK} + cuda.threadIdx.x // 32",
             "    if row < outer:",  # a whole warp shares its row: the shuffles see all 32 lanes
+        ]
+    else:  # part of a warp per row (short rows): a row past the end computes the last one
+        # again without storing it, so that every lane of a warp takes part in its shuffles
+        lines = [
+            f"def {fn}({params.signature()}):",
+            f"    lane = cuda.threadIdx.x % {width}",
+            f"    row = cuda.blockIdx.x * {THREADS // width} + cuda.threadIdx.x // {width}",
+            "    live = row < outer",
+            "    if not live:",
+            "        row = outer - 1",
+            "    base = cuda.threadIdx.x % 32 - lane",  # the row's first lane in its warp
+            "    if row >= 0:",  # no row at all: the whole launch
         ]
     if take is not None:
         lines += _take_head(k, take, first)
@@ -248,7 +261,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         lines += passes(st.body, f"s{j}", combine, set(kept) if j == 0 else set())
         shfl = _combine(st.reduce, acc, f"cuda.shfl_down_sync(0xFFFFFFFF, {acc}, off)")
         lines += [
-            "        off = 16",
+            f"        off = {min(width, 32) // 2}",
             "        while off > 0:",
             f"            {acc} = {shfl}",
             "            off //= 2",
@@ -272,8 +285,9 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
                 "        cuda.syncthreads()",
                 f"        {acc} = part{j}[{parts}]",
             ]
-        else:
-            lines.append(f"        {acc} = cuda.shfl_sync(0xFFFFFFFF, {acc}, 0)")
+        else:  # the row's first lane holds its result (it read only lanes of its row)
+            first_lane = "0" if width == 32 else "base"
+            lines.append(f"        {acc} = cuda.shfl_sync(0xFFFFFFFF, {acc}, {first_lane})")
         value = f"{acc} / {NUMBA_TYPE[acc_t]}(red)" if st.reduce == "mean" else acc
         if st.epilogue is not None:
             lines.append(f"        red{j} = {NUMBA_TYPE[acc_t]}({value})")
@@ -286,8 +300,10 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     def store(_, results):
         if lanes > 1:
             stored = ", ".join(store_expr(k.dtype, v) for v in results)
-            return [f"{ind}vstore{lanes}(out, j, {stored})"]
-        return [ind + _store(k, "j", results[0])]
+            line = f"vstore{lanes}(out, j, {stored})"
+        else:
+            line = _store(k, "j", results[0])
+        return [f"{ind}{line}"] if width >= 32 else [f"{ind}if live:", f"{ind}    {line}"]
 
     lines += passes(stored_body(k.body, k.dtype), "", store, set())
     return "\n".join(lines), params
@@ -314,21 +330,35 @@ def _take_head(k: Kernel, take: tuple[int, int], first: str) -> list[str]:
 
 
 ROWS_WARP_MIN = 4096  # rows kernels with at least this many rows keep a warp per row
+# Many short rows share a warp: as many lanes per row (a power of two, 4 to 32) as give
+# each lane about this many steps per pass (0: a warp per row however short), the row kept
+# in registers between passes wherever it fits. Measured on the H100 (bench/rows_short.py,
+# rows of 49): Swin's windowed softmax with its bias and mask 592 us by warps, 214 by 8
+# lanes kept (bfloat16; float32 469 -> 183), a plain float32 softmax 139 -> 84 us.
+ROW_SEGMENT_STEPS = 8
+ROW_SEGMENT_MIN = 4
+ROW_SEGMENT_KEEP = True
 
 
 def rows_threads(k: Kernel, lanes: int) -> int:
-    """Threads sharing a row in a rows kernel: a warp, or a block (up to ``THREADS``, as many
-    warps as one step over the row needs) when the rows are few and a warp would step
-    through a row several times per pass: few warps then leave the device waiting on
-    memory. Many rows stay with warps (measured faster: the large encoder's 16,384 rows of
-    1,024 take 144 us by warps, 150 us by blocks of 256, H200)."""
+    """Threads sharing a row in a rows kernel: a warp; part of a warp when the rows are
+    many and short (``ROW_SEGMENT_STEPS``: a warp would leave most of its lanes idle and
+    spend a row's time in its shuffles); or a block (up to ``THREADS``, as many warps as one
+    step over the row needs) when the rows are few and a warp would step through a row
+    several times per pass: few warps then leave the device waiting on memory. Many rows
+    stay with warps (measured faster: the large encoder's 16,384 rows of 1,024 take 144 us
+    by warps, 150 us by blocks of 256, H200)."""
     if not k.domain:
         return 32
     per_row = math.ceil(k.domain[-1] / lanes)
-    if math.prod(k.domain[:-1]) >= ROWS_WARP_MIN or per_row <= 32:
+    many = math.prod(k.domain[:-1]) >= ROWS_WARP_MIN
+    if many and ROW_SEGMENT_STEPS:  # 0: a whole warp however short the row
+        want = math.ceil(per_row / ROW_SEGMENT_STEPS)
+        return max(ROW_SEGMENT_MIN, min(32, 1 << max(want - 1, 0).bit_length()))
+    if many or per_row <= 32:
         return 32
     return min(THREADS, 32 * math.ceil(per_row / 32))
 
 
 def rows_style(k: Kernel, lanes: int) -> str:
-    return "rows" if rows_threads(k, lanes) == 32 else "rows-block"
+    return "rows" if rows_threads(k, lanes) <= 32 else "rows-block"

@@ -45,6 +45,7 @@ class Generated:
     style: str = "loop"
     lanes: int = 1  # elements per vector access (loops)
     threads: int = THREADS  # per block
+    row_threads: int = 32  # threads sharing a row (rows kernels of a warp or part of one)
     # (pointer parameter, bytes): the alignment each vector-accessed pointer needs
     aligned: tuple[tuple[int, int], ...] = ()
 

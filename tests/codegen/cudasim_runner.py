@@ -1180,13 +1180,24 @@ def run_variants() -> int:
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
     rows = {k: v for k, v in GRAPHS.items() if k.startswith("rows_")}
+    segment_steps = cuda_rows.ROW_SEGMENT_STEPS
     cuda_rows.ROW_CACHE_BYTES = 0
     failures += run_all(rows, tag=" (kept)")
     cuda_rows.ROWS_WARP_MIN = 0
+    cuda_rows.ROW_SEGMENT_STEPS = 0
     failures += run_all(rows, tag=" (warps)")
     cuda_rows.ROW_REGISTERS = 0
     failures += run_all(rows, tag=" (re-read)")
+    # short rows by part of a warp each (4 steps a lane: rows of 20 to 64 by 8 or 16 lanes,
+    # a row of 3 by 4), re-read and kept; the rows past the end of the last warps computed
+    # again and not stored
+    cuda_rows.ROW_SEGMENT_STEPS = 4
+    short = {k: v for k, v in rows.items() if "block" not in k}
+    failures += run_all(short, tag=" (segments, re-read)")
+    cuda_rows.ROW_REGISTERS = 64
+    failures += run_all(short, tag=" (segments, kept)")
     cuda_rows.ROWS_WARP_MIN, cuda_rows.ROW_REGISTERS, cuda_rows.ROW_CACHE_BYTES = 4096, 64, 8192
+    cuda_rows.ROW_SEGMENT_STEPS = segment_steps
     cuda_reads.VECTOR = False  # the scalar loop variant (what misaligned operands get)
     failures += run_all(
         {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from saturn.codegen import cuda as cg
-from saturn.codegen import cuda_reads, cuda_rows
+from saturn.codegen import cuda_load, cuda_reads, cuda_rows
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 
@@ -23,8 +23,8 @@ SIMULATED = [
     # float32; movement kernels
     ("movement", 151, 0, 65),
     ("graphs", 85, 9, 0),  # every graph, then narrow and split (9 split reductions)
-    # rolls; the block scheduler; rows kernels kept, by warps, re-read; loops
-    ("variants", 69, 0, 0),
+    # rolls; the block scheduler; rows kernels kept, by warps, re-read, by parts of warps; loops
+    ("variants", 91, 0, 0),
 ]
 
 
@@ -291,6 +291,38 @@ def test_a_rows_kernel_keeps_its_row_in_registers():
     assert "while r < red" not in g.source and row_loads(g) == 2 * 8 + 2 * 8
     # re-read: a loop over the row per pass (mean, variance, body), each loading both
     assert reread.source.count("while r < red") == 3
+
+
+def test_many_short_rows_share_a_warp():
+    """A softmax over 301,056 rows of 49 (Swin's windows): 8 lanes a row, 4 rows a warp, the
+    row kept in registers (7 steps, no loop), each row's result broadcast from its first
+    lane, and the rows past the end of the last warp computed again and not stored; the
+    grid launches a block per 32 rows. Few rows, long rows, and ``ROW_SEGMENT_STEPS = 0``
+    keep a warp (or a block) per row. Values: cudasim_runner's ``(segments,
+    re-read)`` and ``(segments, kept)`` runs, and ``bench/rows_short.py`` on the GPU."""
+
+    def softmax(rows: int, n: int):
+        (k,) = kernels_of(f"(input x f32 [{rows} {n}])\n(let r (Softmax x 1))\n(output r)\n")
+        return k
+
+    k = softmax(301056, 49)
+    g = cg.generate(k)
+    assert (g.style, g.row_threads) == ("rows", 8)
+    assert "lane = cuda.threadIdx.x % 8" in g.source and "while r < red" not in g.source
+    assert "shfl_sync(0xFFFFFFFF, acc0, base)" in g.source and "if live:" in g.source
+    assert cuda_load.grid_for(g, {"outer": 301056}) == (301056 // 32, cg.THREADS)
+    assert cg.generate(softmax(100, 20)).row_threads == 32  # few rows: a warp each,
+    assert cg.generate(softmax(100, 49)).style == "rows-block"  # or a block past 32
+    assert cg.generate(softmax(16384, 1024)).row_threads == 32
+    assert cg.generate(softmax(8192, 12)).row_threads == 4  # the fewest lanes a row
+    old = cuda_rows.ROW_SEGMENT_STEPS
+    try:
+        cuda_rows.ROW_SEGMENT_STEPS = 0
+        whole = cg.generate(k)
+    finally:
+        cuda_rows.ROW_SEGMENT_STEPS = old
+    assert whole.row_threads == 32 and "if row < outer:" in whole.source
+    assert "live" not in whole.source
 
 
 def test_a_rows_kernel_reads_whole_row_trailing_operands_from_a_row_base():

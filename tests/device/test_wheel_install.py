@@ -110,6 +110,7 @@ def _run_example(py: Path, env_root: Path, cwd: Path) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.install  # with the other install check, after the suite (decision 0106)
 def test_the_built_wheel_installs_and_runs_the_readme_examples(tmp_path, wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert _expected_members() - names == set()
