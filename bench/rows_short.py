@@ -15,9 +15,8 @@ Each saturn variant is checked against eager float32 on the GPU (max abs differe
 
 from __future__ import annotations
 
-import statistics
-
 import torch
+from kernel_speed import events_ms  # beside this file
 
 import saturn  # noqa: F401
 from saturn.codegen import cuda as cg
@@ -31,20 +30,6 @@ REPEATS = 50
 # and 4 lanes at 4, 8 and 16 steps, each with the row re-read every pass and kept
 VARIANTS = [(0, False)] + [(steps, keep) for steps in (4, 8, 16) for keep in (False, True)]
 TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-def events_ms(fn, stream: torch.cuda.Stream) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(stream)
-        fn()
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def swin(s, b, m, images: int):
@@ -83,7 +68,7 @@ def saturn_ms(text: str, operands: list[torch.Tensor], stream, variant: tuple[in
         kern.launch(sh, out.data_ptr(), ptrs, shapes, strides)
 
     kept = "kept" if "h0_in0" in kern.g.source else "re-read"
-    return events_ms(launch, stream), out, kern.g.row_threads, kept
+    return events_ms(launch, stream, REPEATS), out, kern.g.row_threads, kept
 
 
 def main() -> None:
@@ -99,8 +84,8 @@ def main() -> None:
         want = swin(s.float(), b.float(), m.float(), images)
         ind = torch.compile(swin)
         here = torch.cuda.current_stream()
-        t_e = events_ms(lambda s=s, b=b, m=m: swin(s, b, m, images), here)
-        t_i = events_ms(lambda s=s, b=b, m=m, f=ind: f(s, b, m, images), here)
+        t_e = events_ms(lambda s=s, b=b, m=m: swin(s, b, m, images), here, REPEATS)
+        t_i = events_ms(lambda s=s, b=b, m=m, f=ind: f(s, b, m, images), here, REPEATS)
         name = f"swin {TYPES[dtype]}"
         rows += [(f"{name} eager", t_e, ""), (f"{name} inductor", t_i, "")]
         ss, sb, sm = (t.cpu().to(GPU) for t in (s, b, m))
@@ -111,9 +96,9 @@ def main() -> None:
             err = (out.cpu().float() - want.cpu()).abs().max().item()
             rows.append((f"{name} saturn, {width} lanes a row, {kept}", t, f"err {err:.1e}"))
     x = torch.randn(301056, n, device="cuda")
-    t_e = events_ms(lambda: x.softmax(-1), torch.cuda.current_stream())
+    t_e = events_ms(lambda: x.softmax(-1), torch.cuda.current_stream(), REPEATS)
     ind = torch.compile(lambda x: x.softmax(-1))
-    t_i = events_ms(lambda: ind(x), torch.cuda.current_stream())
+    t_i = events_ms(lambda: ind(x), torch.cuda.current_stream(), REPEATS)
     rows += [("plain f32 eager", t_e, ""), ("plain f32 inductor", t_i, "")]
     sx = x.cpu().to(GPU)
     for variant in VARIANTS:
