@@ -102,6 +102,26 @@ def test_declines_float32_and_grouped_convolutions(dtype, groups):
     reads_as_laid_out(after)
 
 
+def test_a_roll_between_convolutions_runs_over_nhwc_memory():
+    """A roll of a half convolution's output along H and W (a shifted window), read by the
+    next convolution: the roll kernel copies NHWC memory with its shifts permuted to
+    (N, H, W, C) (``KindSpec.permuted``), the next convolution reads it there, and the
+    values are the NCHW program's, bit for bit. A roll along the channels too."""
+    for shifts, nhwc in (("[0 0 3 5]", (0, 3, 5, 0)), ("[0 2 3 0]", (0, 3, 0, 2))):
+        text = (
+            "(input x f16 [2 8 12 12])\n(param w1 f16 [8 8 3 3])\n(param w2 f16 [8 8 3 3])\n"
+            "(let c1 (Conv2dNoBias x w1 [1 1] [1 1] [1 1] 1))\n"
+            f"(let r (Roll c1 {shifts}))\n"
+            "(let c2 (Conv2dNoBias r w2 [1 1] [1 1] [1 1] 1))\n(let o (Neg c2))\n(output o)\n"
+        )
+        graph, before, after = programs(text)
+        (roll,) = [k for k in after.kernels if k.kind == "roll"]
+        assert roll.shape == (2, 12, 12, 8) and roll.attrs["shifts"] == nhwc
+        assert all(k.attrs.get("channels_last") for k in after.kernels if k.kind == "conv")
+        same_values(graph, before, after)
+        reads_as_laid_out(after)
+
+
 def test_nhwc_order_by_strides():
     assert nhwc_ordered((2, 8, 12, 12), (1152, 1, 96, 8))  # channels-last
     assert not nhwc_ordered((2, 8, 12, 12), (1152, 144, 12, 1))  # NCHW
