@@ -166,6 +166,7 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
         cuda_rows.ROW_CACHE_BYTES,
         cuda_rows.ROW_SEGMENT_STEPS,
         cuda_rows.ROW_SEGMENT_KEEP,
+        cuda_rows.ROW_SEGMENT_MAX,
     )
     key = f"{structure(k)}|{lanes}|{narrow}|{tunables}"
     g = _GENERATED.get(key)

@@ -338,6 +338,9 @@ ROWS_WARP_MIN = 4096  # rows kernels with at least this many rows keep a warp pe
 ROW_SEGMENT_STEPS = 8
 ROW_SEGMENT_MIN = 4
 ROW_SEGMENT_KEEP = True
+# rows of at most this many steps (elements, or vectors of ``lanes``) only: the measured
+# regime; longer rows (a bfloat16 layer norm over 768, 96 vector steps) keep a warp
+ROW_SEGMENT_MAX = 64
 
 
 def rows_threads(k: Kernel, lanes: int) -> int:
@@ -352,7 +355,7 @@ def rows_threads(k: Kernel, lanes: int) -> int:
         return 32
     per_row = math.ceil(k.domain[-1] / lanes)
     many = math.prod(k.domain[:-1]) >= ROWS_WARP_MIN
-    if many and ROW_SEGMENT_STEPS:  # 0: a whole warp however short the row
+    if many and ROW_SEGMENT_STEPS and per_row <= ROW_SEGMENT_MAX:  # steps 0: always a warp
         want = math.ceil(per_row / ROW_SEGMENT_STEPS)
         return max(ROW_SEGMENT_MIN, min(32, 1 << max(want - 1, 0).bit_length()))
     if many or per_row <= 32:

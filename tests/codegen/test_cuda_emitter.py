@@ -297,9 +297,10 @@ def test_many_short_rows_share_a_warp():
     """A softmax over 301,056 rows of 49 (Swin's windows): 8 lanes a row, 4 rows a warp, the
     row kept in registers (7 steps, no loop), each row's result broadcast from its first
     lane, and the rows past the end of the last warp computed again and not stored; the
-    grid launches a block per 32 rows. Few rows, long rows, and ``ROW_SEGMENT_STEPS = 0``
-    keep a warp (or a block) per row. Values: cudasim_runner's ``(segments,
-    re-read)`` and ``(segments, kept)`` runs, and ``bench/rows_short.py`` on the GPU."""
+    grid launches a block per 32 rows. Few rows, rows of more than ``ROW_SEGMENT_MAX`` (64)
+    steps, and ``ROW_SEGMENT_STEPS = 0`` keep a warp (or a block) per row. Values:
+    cudasim_runner's ``(segments, re-read)`` and ``(segments, kept)`` runs, and
+    ``bench/rows_short.py`` on the GPU."""
 
     def softmax(rows: int, n: int):
         (k,) = kernels_of(f"(input x f32 [{rows} {n}])\n(let r (Softmax x 1))\n(output r)\n")
@@ -314,6 +315,8 @@ def test_many_short_rows_share_a_warp():
     assert cg.generate(softmax(100, 20)).row_threads == 32  # few rows: a warp each,
     assert cg.generate(softmax(100, 49)).style == "rows-block"  # or a block past 32
     assert cg.generate(softmax(16384, 1024)).row_threads == 32
+    assert cg.generate(softmax(16384, 65)).row_threads == 32  # past ROW_SEGMENT_MAX steps
+    assert cg.generate(softmax(16384, 63)).row_threads == 8
     assert cg.generate(softmax(8192, 12)).row_threads == 4  # the fewest lanes a row
     old = cuda_rows.ROW_SEGMENT_STEPS
     try:
