@@ -67,7 +67,7 @@ def saturn_ms(text: str, operands: list[torch.Tensor], stream, variant: tuple[in
     def launch():
         kern.launch(sh, out.data_ptr(), ptrs, shapes, strides)
 
-    kept = "kept" if "h0_in0" in kern.g.source else "re-read"
+    kept = "kept" if cuda_rows.row_cache(k, kern.g.row_threads, kern.g.lanes) else "re-read"
     return events_ms(launch, stream, REPEATS), out, kern.g.row_threads, kept
 
 

@@ -229,7 +229,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             "    if not live:",
             "        row = outer - 1",
             "    base = cuda.threadIdx.x % 32 - lane",  # the row's first lane in its warp
-            "    if row >= 0:",  # no row at all: the whole launch
+            "    if row >= 0:",  # outer == 0: no thread has a row
         ]
     if take is not None:
         lines += _take_head(k, take, first)
