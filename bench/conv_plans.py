@@ -1,6 +1,6 @@
 """Where a convolution's compile time goes: cuDNN plan building and autotuning per dtype.
 
-    python bench/conv_plans.py [--batch 32] [--compiled-shapes 2] [--layouts]
+    python bench/conv_plans.py [--batch 32] [--compiled-shapes 2] [--layouts | --grouped]
 
 For ResNet-18's and MobileNetV2's convolution shapes at 224 px, on CUDA memory: seconds to
 build the plan (``codegen.conv.ConvPlan``), seconds to autotune it (build and time the first
@@ -12,7 +12,8 @@ the chosen plan's time with eager's ``nnf.conv2d`` (CUDA events, median of 20).
 With ``--layouts``, each shape in float32 and bfloat16 twice instead: every operand packed
 (NCHW, the layout saturn's programs give a convolution today) and every operand
 channels-last (NHWC memory: the image, the weight and the output), the plan and eager's
-call alike, to see what the layout is worth to cuDNN.
+call alike, to see what the layout is worth to cuDNN. With ``--grouped``, the zoo's grouped
+and depthwise convolutions (``GROUPED``) the same way, with NVRTC engines admitted and not.
 """
 
 from __future__ import annotations
@@ -39,6 +40,24 @@ SHAPES = [
     ((32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
     ((96, 112, 112), (96, 1, 3, 3), 2, 1, 96),
     ((144, 56, 56), (24, 144, 1, 1), 1, 0, 1),
+]
+# grouped convolutions of the zoo (--grouped): ConvNeXt's 7x7 depthwise, MobileNetV2's and
+# EfficientNet-B0's 3x3 and 5x5 depthwise, RegNetY-400MF's groups of eight channels
+GROUPED = [
+    ((40, 56, 56), (40, 1, 7, 7), 1, 3, 40),
+    ((80, 28, 28), (80, 1, 7, 7), 1, 3, 80),
+    ((160, 14, 14), (160, 1, 7, 7), 1, 3, 160),
+    ((320, 7, 7), (320, 1, 7, 7), 1, 3, 320),
+    ((32, 112, 112), (32, 1, 3, 3), 1, 1, 32),
+    ((144, 56, 56), (144, 1, 3, 3), 1, 1, 144),
+    ((192, 28, 28), (192, 1, 3, 3), 2, 1, 192),
+    ((384, 14, 14), (384, 1, 3, 3), 1, 1, 384),
+    ((240, 28, 28), (240, 1, 5, 5), 1, 2, 240),
+    ((672, 14, 14), (672, 1, 5, 5), 1, 2, 672),
+    ((1152, 7, 7), (1152, 1, 5, 5), 1, 2, 1152),
+    ((48, 56, 56), (48, 8, 3, 3), 1, 1, 6),
+    ((104, 28, 28), (104, 8, 3, 3), 1, 1, 13),
+    ((208, 14, 14), (208, 8, 3, 3), 1, 1, 26),
 ]
 NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -95,8 +114,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--compiled-shapes", type=int, default=2)
     ap.add_argument("--layouts", action="store_true", help="NCHW against channels-last")
+    ap.add_argument(
+        "--grouped",
+        action="store_true",
+        help="the zoo's grouped convolutions in both layouts, precompiled and NVRTC engines",
+    )
     a = ap.parse_args()
     keep: list = []
+    if a.grouped:
+        for dtype in (torch.bfloat16, torch.float32):
+            for shape in GROUPED:
+                for cl in (False, True):
+                    for compiled in (False, True):
+                        print(one(shape, dtype, a.batch, compiled, keep, cl), flush=True)
+        return
     if a.layouts:
         for dtype in (torch.bfloat16, torch.float32):
             for shape in SHAPES:

@@ -25,6 +25,16 @@ def layout(t: torch.Tensor) -> Layout:
     return Layout(DTYPES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
 
+def channels_last_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with PyTorch's channels-last strides where it is channels-last contiguous: the
+    same memory, strides of size-1 axes made canonical (a packed [K, C, 1, 1] weight lies
+    NHWC with NCHW strides; cuDNN reads a layout off the strides)."""
+    if t.dim() != 4 or not t.is_contiguous(memory_format=torch.channels_last):
+        return t
+    _, c, h, w = t.shape
+    return t.as_strided(t.shape, (h * w * c, 1, w * c, c))
+
+
 class LibraryPlans:
     def _workspace(self, nbytes: int, keep: bool = True):
         """Scratch device memory for tuning (one buffer, grown as needed; its address) or,
@@ -73,6 +83,8 @@ class LibraryPlans:
         self.packs.pop(k.output, None)
 
         def plan(operands):
+            if nhwc:
+                operands = [channels_last_view(t) for t in operands]
             ptrs = tuple(t.data_ptr() for t in operands)
             lays = tuple(layout(t) for t in operands)
             if k.kind == Kind.GEMM:

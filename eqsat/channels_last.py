@@ -13,7 +13,9 @@ kernel that cannot take it, so that a network of mixed layouts (depthwise convol
 concatenations) does not pay a copy into and out of NHWC around each convolution
 (MobileNetV2 in bfloat16 took 4.72 ms against Inductor's 3.53 with every dense convolution
 converted, H100). Float32 plans (no tensor cores with TF32 off: NHWC was as fast
-or slower) and grouped convolutions (depthwise NHWC took 4-8 times as long) keep NCHW.
+or slower) and grouped convolutions (3x3 depthwise NHWC took 4-8 times as long) keep NCHW,
+except a grouped one with kernels of at least 7 whose image lies NHWC already: ConvNeXt's
+7x7 depthwise convolutions, which cuDNN runs 2.8 times as fast in NHWC (decision 0109).
 
 The layout then travels: a loop over a rank-4 domain whose full-size operands all lie in
 NHWC order runs over the permuted domain (N, H, W, C), so that it reads them packed and
@@ -139,15 +141,7 @@ def channels_last(prog: Program) -> Program:
         k = s.kernel
         if s.output in outputs:  # a program's output keeps the layout eager gives it
             k = None
-        if (
-            k is not None
-            and k.kind == Kind.CONV
-            and _half_dense_conv(k)
-            and (
-                k.inputs[0].value in inputs
-                or nhwc_ordered(k.inputs[0].shape, lay.strides.get(k.inputs[0].value))
-            )
-        ):
+        if k is not None and k.kind == Kind.CONV and _to_nhwc(k, k.inputs[0].value in inputs, lay):
             x = in_nhwc(k.inputs[0].value, k.dtype, s.place)
             w = in_nhwc(k.inputs[1].value, k.dtype, s.place)
             ops = [
@@ -235,9 +229,11 @@ def _reads_fixed(s: Step, lay: _Layouts, view, packed) -> Step:
 
 
 def _dense_nhwc(shape, strides) -> bool:
-    return strides is not None and _permuted(strides, NHWC) == packed_strides(
-        _permuted(shape, NHWC)
-    )
+    """Whether a rank-4 value's memory is packed NHWC, size-1 axes aside (as PyTorch's
+    channels-last contiguity has it): a packed 1x1 convolution's weight [K, C, 1, 1] or
+    a depthwise one [C, 1, kh, kw] lies so already and needs no copy. The runner hands
+    cuDNN such an operand with channels-last strides (``runner_plans``)."""
+    return strides is not None and packed_like(_permuted(shape, NHWC), _permuted(strides, NHWC))
 
 
 def _half_dense_conv(k: Kernel) -> bool:
@@ -246,6 +242,33 @@ def _half_dense_conv(k: Kernel) -> bool:
         and k.attrs.get("groups") == 1
         and len(k.shape) == 4
         and not k.attrs.get("channels_last")
+    )
+
+
+def _to_nhwc(conv: Kernel, image_is_input: bool, lay: _Layouts) -> bool:
+    """Whether a convolution goes channels-last: a dense half one whose image is a program
+    input or lies NHWC, a grouped one (``_half_grouped_conv``) whose image lies NHWC."""
+    x = conv.inputs[0]
+    lies_nhwc = nhwc_ordered(x.shape, lay.strides.get(x.value))
+    if _half_dense_conv(conv):
+        return image_is_input or lies_nhwc
+    return _half_grouped_conv(conv) and lies_nhwc
+
+
+GROUPED_NHWC_MIN_KERNEL = 7  # the smallest kernel extent of a grouped convolution in NHWC
+
+
+def _half_grouped_conv(k: Kernel) -> bool:
+    """A float16/bfloat16 grouped convolution cuDNN runs faster in NHWC memory than in
+    NCHW (module docstring): kernels of at least ``GROUPED_NHWC_MIN_KERNEL`` along both
+    spatial axes; it goes channels-last only where its image lies NHWC already."""
+    kh, kw = k.inputs[1].shape[2:]
+    return (
+        k.dtype in HALVES
+        and k.attrs.get("groups", 1) > 1
+        and len(k.shape) == 4
+        and not k.attrs.get("channels_last")
+        and min(kh, kw) >= GROUPED_NHWC_MIN_KERNEL
     )
 
 

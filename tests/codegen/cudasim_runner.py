@@ -1014,8 +1014,11 @@ def run_pads() -> int:
 
 def run_rolls() -> int:
     """Rolls: packed and transposed inputs of each element width, one axis and several,
-    shifts of 0 and size - 1, against numpy's roll."""
-    from saturn.codegen.roll import generate_roll
+    shifts of 0 and size - 1, in 64-bit and 32-bit index arithmetic and, where the last
+    axis is not rolled and its rows are whole vectors, by 16-byte vectors; against numpy's
+    roll."""
+    from saturn.codegen.movement import ROW_LANES
+    from saturn.codegen.roll import generate_roll, roll_variant
 
     rng = np.random.default_rng(6)
     failures = 0
@@ -1025,6 +1028,9 @@ def run_rolls() -> int:
         (np.int16, (4, 3, 2), True, (1, 0, 1)),
         (np.float16, (9,), False, (4,)),
         (np.uint8, (3, 4), False, (2, 0)),
+        (np.float16, (2, 5, 3, 16), False, (1, 4, 2, 0)),  # Swin's: vectors of 8
+        (np.float32, (3, 6, 8), False, (0, 5, 0)),  # vectors of 4
+        (np.float32, (4, 8), True, (3, 0)),  # transposed: no vectors
     ]
     for dtype, shape, transposed, shifts in cases:
         base = (rng.standard_normal(shape[::-1] if transposed else shape) * 50).astype(dtype)
@@ -1035,16 +1041,26 @@ def run_rolls() -> int:
         word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
         want = np.roll(x, shifts, axis=tuple(range(x.ndim)))
         out = np.zeros(want.size, dtype=word)
-        fn = cuda.jit(cg.python_function(generate_roll(width, x.ndim)))
-        fn[2, 32](
-            out, base_of(x).copy().view(word), want.size,
-            *x.shape, *shifts, *[st // width for st in x.strides],
-        )  # fmt: skip
-        got = out.view(dtype).reshape(want.shape)
-        ok = np.array_equal(got.view(word), np.ascontiguousarray(want).view(word))
-        name = np.dtype(dtype).name
-        print(f"{'ok' if ok else 'FAIL'} roll {name} {shape} t={transposed} {shifts}")
-        failures += not ok
+        src = base_of(x).copy().view(word)
+        strides = [st // width for st in x.strides]
+        fits = roll_variant(width, x.shape, strides, shifts, (0, 0))[1]
+        for narrow, vectors in [
+            (False, False),
+            (True, False),
+            *[(False, True), (True, True)] * fits,
+        ]:
+            out = np.zeros(want.size, dtype=word)
+            count = want.size // ROW_LANES[width] if vectors else want.size
+            fn = cuda.jit(cg.python_function(generate_roll(width, x.ndim, narrow, vectors)))
+            fn[2, 32](out, src, count, *x.shape, *shifts, *strides)
+            got = out.view(dtype).reshape(want.shape)
+            ok = np.array_equal(got.view(word), np.ascontiguousarray(want).view(word))
+            name = np.dtype(dtype).name
+            print(
+                f"{'ok' if ok else 'FAIL'} roll {name} {shape} t={transposed} {shifts} "
+                f"narrow={narrow} vectors={vectors}"
+            )
+            failures += not ok
     return failures
 
 

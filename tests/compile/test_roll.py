@@ -89,3 +89,25 @@ def test_rolls_run_on_the_gpu_and_replay(dtype):
         torch.testing.assert_close(cf(xd).cpu(), f(x), rtol=0, atol=0)
     assert recipe.last.crossings == 0 and saturn.fallback_counts() == fb
     assert recipe.runner.replays >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 14, 14, 16), (2, 14, 14, 12)])
+def test_swins_rolls_move_vectors_where_rows_are_whole_vectors(dtype, shape):
+    """Rolled over H and W of [B, H, W, C]: 16-byte vectors along C when C splits into
+    them (16 channels), element by element when it does not (12 in bfloat16); both in
+    32-bit index arithmetic. Bit for bit against the CPU."""
+    from saturn.codegen.movement import ROW_LANES
+    from saturn.codegen.roll import RollLauncher
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    f = lambda x: torch.roll(x, (-3, -3), (1, 2)) * 2  # noqa: E731
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="saturn", dynamic=False)(x.to(GPU)).cpu()
+    torch.testing.assert_close(got, f(x), rtol=0, atol=0)
+    (k,) = [k for k in last_compiled().recipe.program.kernels if k.kind == "roll"]
+    (g,) = RollLauncher(k, (9, 0)).expected()
+    lanes = ROW_LANES[x.element_size()]
+    vectors = shape[-1] % lanes == 0
+    assert g.name.endswith("_v_n" if vectors else "_n") and g.lanes == (lanes if vectors else 1)

@@ -91,6 +91,47 @@ def test_half_convolutions_write_nhwc_memory_and_the_loops_follow():
     ]
 
 
+def test_a_pointwise_convolutions_weight_lies_nhwc_already():
+    """A packed [K, C, 1, 1] weight is NHWC memory too (its size-1 axes' strides aside):
+    the 1x1 convolution reads it where it lies; only the 3x3 weight and the image are
+    copied into NHWC memory."""
+    text = block().replace("(param w2 f16 [8 8 3 3])", "(param w2 f16 [8 8 1 1])")
+    text = text.replace("(Conv2dNoBias a w2 [1 1] [1 1]", "(Conv2dNoBias a w2 [1 1] [0 0]")
+    graph, before, after = programs(text)
+    convs = [k for k in after.kernels if k.kind == "conv"]
+    assert len(convs) == 2 and all(k.attrs.get("channels_last") for k in convs)
+    copies = [k for k in after.kernels if k.kind == "loop" and k.body == ("in", 0)]
+    assert len(copies) == 2
+    (c2,) = [k for k in convs if k.inputs[1].shape == (8, 8, 1, 1)]
+    (w2,) = [s for s in after.steps if s.output == c2.inputs[1].value]
+    assert w2.kind == "input"  # the parameter itself, no copy or view
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+
+
+@pytest.mark.parametrize("kernel", [7, 3])
+def test_a_depthwise_convolution_of_nhwc_memory_stays_there_if_its_kernel_is_large(kernel):
+    """ConvNeXt's 7x7 depthwise convolution reads the NHWC output of the convolution before
+    it where it lies and writes NHWC memory in turn; a 3x3 one (MobileNet's, slower in NHWC
+    on cuDNN) writes NCHW, as before."""
+    pad = kernel // 2
+    text = (
+        "(input x f16 [2 8 12 12])\n(param w1 f16 [8 8 1 1])\n"
+        f"(param w2 f16 [8 1 {kernel} {kernel}])\n"
+        "(let c1 (Conv2dNoBias x w1 [1 1] [0 0] [1 1] 1))\n"
+        f"(let c2 (Conv2dNoBias c1 w2 [1 1] [{pad} {pad}] [1 1] 8))\n"
+        "(let o (Neg c2))\n(output o)\n"
+    )
+    graph, before, after = programs(text)
+    dw = next(k for k in after.kernels if k.kind == "conv" and k.attrs["groups"] == 8)
+    assert bool(dw.attrs.get("channels_last")) == (kernel == 7)
+    assert dw.shape == ((2, 12, 12, 8) if kernel == 7 else (2, 8, 12, 12))
+    copies = [k for k in after.kernels if k.kind == "loop" and k.body == ("in", 0)]
+    assert len(copies) == 1  # the image's (the runner packs the 3x3's image for cuDNN)
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+
+
 @pytest.mark.parametrize(("dtype", "groups"), [("f32", 1), ("f16", 8), ("f16", 2)])
 def test_declines_float32_and_grouped_convolutions(dtype, groups):
     graph, before, after = programs(block(dtype, groups))
