@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from saturn.eqsat.kinds import Kind
+from saturn.eqsat.program import packed_strides
 
 from .cubins import KernelError
 from .cuda_reads import MEMORY_SIZE
@@ -109,6 +110,9 @@ class RollKernel:
     def __init__(self, width: int, rank: int, cc: tuple[int, int]):
         self.width, self.rank, self.cc = width, rank, cc
         self._variants: dict[tuple[bool, bool], FlatKernel] = {}
+        # (layout, shifts, pointer alignments) -> (variant, its integer arguments), checked
+        # and chosen once per layout as the other movement launchers do
+        self._chosen: dict[tuple, tuple[FlatKernel, tuple]] = {}
 
     def variant(self, narrow: bool, vectors: bool) -> FlatKernel:
         k = self._variants.get((narrow, vectors))
@@ -117,9 +121,7 @@ class RollKernel:
             k = self._variants[(narrow, vectors)] = FlatKernel(g, self.cc)
         return k
 
-    def launch(self, stream: int, ptrs: tuple[int, int], x: tuple, shifts) -> None:
-        """``ptrs``: out, x; ``x``: (shape, strides) in elements; ``shifts``: one per axis,
-        axis 0 first, each in [0, size)."""
+    def _choose(self, ptrs: tuple[int, int], x: tuple, shifts: tuple) -> tuple:
         shape, strides = x
         if len(shape) != self.rank or len(shifts) != self.rank:
             raise KernelError(
@@ -130,14 +132,21 @@ class RollKernel:
                 f"roll kernel w{self.width} r{self.rank}: shifts {shifts} of {list(shape)}"
             )
         narrow, vectors = roll_variant(self.width, shape, strides, shifts, ptrs)
-        kernel = self.variant(narrow, vectors)
+        n = math.prod(shape)
+        count = n // ROW_LANES[self.width] if vectors else n
+        # the grid is sized by elements: it divides n by the variant's lanes
+        return self.variant(narrow, vectors), (n, [count, *shape, *shifts, *strides])
 
-        def ints_of():
-            n = math.prod(shape)
-            count = n // ROW_LANES[self.width] if vectors else n
-            return n, [count, *shape, *shifts, *strides]  # the grid divides n by the lanes
-
-        kernel._launch(stream, ptrs, (x, tuple(shifts)), ints_of)
+    def launch(self, stream: int, ptrs: tuple[int, int], x: tuple, shifts) -> None:
+        """``ptrs``: out, x; ``x``: (shape, strides) in elements; ``shifts``: one per axis,
+        axis 0 first, each in [0, size)."""
+        shifts = tuple(shifts)
+        key = (x, shifts, ptrs[0] % 16, ptrs[1] % 16)
+        chosen = self._chosen.get(key)
+        if chosen is None:
+            chosen = self._chosen[key] = self._choose(ptrs, x, shifts)
+        kernel, ints = chosen
+        kernel._launch(stream, ptrs, (x, shifts), lambda: ints)
 
 
 @LAUNCHERS.on(Kind.ROLL)
@@ -151,7 +160,7 @@ class RollLauncher:
     def expected(self) -> list[Generated]:
         """The variant a packed operand in aligned memory takes (built before the first
         call); another layout builds its own at its first launch."""
-        strides = [math.prod(self.shape[d + 1 :]) for d in range(len(self.shape))]
+        strides = packed_strides(self.shape)
         narrow, vectors = roll_variant(self.width, self.shape, strides, self.shifts, (0, 0))
         return [self.kernel.variant(narrow, vectors).g]
 

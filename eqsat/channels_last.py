@@ -262,13 +262,12 @@ def _half_grouped_conv(k: Kernel) -> bool:
     """A float16/bfloat16 grouped convolution cuDNN runs faster in NHWC memory than in
     NCHW (module docstring): kernels of at least ``GROUPED_NHWC_MIN_KERNEL`` along both
     spatial axes; it goes channels-last only where its image lies NHWC already."""
-    kh, kw = k.inputs[1].shape[2:]
     return (
         k.dtype in HALVES
         and k.attrs.get("groups", 1) > 1
         and len(k.shape) == 4
         and not k.attrs.get("channels_last")
-        and min(kh, kw) >= GROUPED_NHWC_MIN_KERNEL
+        and min(k.inputs[1].shape[2:]) >= GROUPED_NHWC_MIN_KERNEL
     )
 
 

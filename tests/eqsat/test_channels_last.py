@@ -109,25 +109,27 @@ def test_a_pointwise_convolutions_weight_lies_nhwc_already():
     reads_as_laid_out(after)
 
 
-@pytest.mark.parametrize("kernel", [7, 3])
-def test_a_depthwise_convolution_of_nhwc_memory_stays_there_if_its_kernel_is_large(kernel):
+@pytest.mark.parametrize(("dtype", "kernel"), [("f16", 7), ("f16", 3), ("f32", 7)])
+def test_a_depthwise_convolution_of_nhwc_memory_stays_there_if_its_kernel_is_large(dtype, kernel):
     """ConvNeXt's 7x7 depthwise convolution reads the NHWC output of the convolution before
     it where it lies and writes NHWC memory in turn; a 3x3 one (MobileNet's, slower in NHWC
-    on cuDNN) writes NCHW, as before."""
+    on cuDNN) writes NCHW, as before, and so does a float32 one (no NHWC anywhere)."""
     pad = kernel // 2
+    nhwc = dtype == "f16" and kernel == 7
     text = (
-        "(input x f16 [2 8 12 12])\n(param w1 f16 [8 8 1 1])\n"
-        f"(param w2 f16 [8 1 {kernel} {kernel}])\n"
+        f"(input x {dtype} [2 8 12 12])\n(param w1 {dtype} [8 8 1 1])\n"
+        f"(param w2 {dtype} [8 1 {kernel} {kernel}])\n"
         "(let c1 (Conv2dNoBias x w1 [1 1] [0 0] [1 1] 1))\n"
         f"(let c2 (Conv2dNoBias c1 w2 [1 1] [{pad} {pad}] [1 1] 8))\n"
         "(let o (Neg c2))\n(output o)\n"
     )
     graph, before, after = programs(text)
     dw = next(k for k in after.kernels if k.kind == "conv" and k.attrs["groups"] == 8)
-    assert bool(dw.attrs.get("channels_last")) == (kernel == 7)
-    assert dw.shape == ((2, 12, 12, 8) if kernel == 7 else (2, 8, 12, 12))
+    assert bool(dw.attrs.get("channels_last")) == nhwc
+    assert dw.shape == ((2, 12, 12, 8) if nhwc else (2, 8, 12, 12))
     copies = [k for k in after.kernels if k.kind == "loop" and k.body == ("in", 0)]
-    assert len(copies) == 1  # the image's (the runner packs the 3x3's image for cuDNN)
+    # the image's (the runner packs the 3x3's image for cuDNN); float32: none at all
+    assert len(copies) == (dtype == "f16")
     same_values(graph, before, after)
     reads_as_laid_out(after)
 
