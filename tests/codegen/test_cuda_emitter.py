@@ -265,7 +265,8 @@ def test_a_rows_kernel_keeps_its_row_in_registers():
     steps a pass): the add is computed inside the rows kernel (``inline_row_producers``),
     whose first pass loads both row operands into registers that the variance and body
     passes read. Its PTX loads each row 8 times (one 16-byte load a step), not 8 times a
-    pass (24) as when the row does not fit ``ROW_REGISTERS``. Values: cudasim_runner's
+    pass (24) as when the row does not fit ``ROW_REGISTERS``, and keeps it in registers.
+    Values: cudasim_runner's
     ``(warps)`` and ``(re-read)`` runs, and the GPU encoder tests."""
     text = (
         "(input x f32 [16384 1024])\n(input y f32 [16384 1024])\n(param w f32 [1024])\n"
@@ -286,21 +287,23 @@ def test_a_rows_kernel_keeps_its_row_in_registers():
         reread = cg.generate(k)
     finally:
         cuda_rows.ROW_REGISTERS = old
-    # kept: unrolled steps, no loop over the row; 2 operands x 8 steps, each executed
-    # once, and the weight and bias (whole-row trailing operands) 2 x 8 in the body pass
-    assert "while r < red" not in g.source and row_loads(g) == 2 * 8 + 2 * 8
+    # kept: a loop of 8 steps per pass that the compiler unrolls, the row in arrays it
+    # promotes to registers (no local memory); 2 operands x 8 steps, each loaded once,
+    # and the weight and bias (whole-row trailing operands) 2 x 8 in the body pass
+    assert "while r < red" not in g.source and g.source.count("for t in range(8)") == 3
+    assert row_loads(g) == 2 * 8 + 2 * 8 and ".local" not in cg.ptx(g, (9, 0))
     # re-read: a loop over the row per pass (mean, variance, body), each loading both
     assert reread.source.count("while r < red") == 3
 
 
 def test_many_short_rows_share_a_warp():
     """A softmax over 301,056 rows of 49 (Swin's windows): 8 lanes a row, 4 rows a warp, the
-    row kept in registers (7 steps, no loop), each row's result broadcast from its first
-    lane, and the rows past the end of the last warp computed again and not stored; the
-    grid launches a block per 32 rows. Few rows, rows of more than ``ROW_SEGMENT_MAX`` (64)
-    steps, and ``ROW_SEGMENT_STEPS = 0`` keep a warp (or a block) per row. Values:
-    cudasim_runner's ``(segments, re-read)`` and ``(segments, kept)`` runs, and
-    ``bench/rows_short.py`` on the GPU."""
+    row kept in registers (a loop of 7 steps the compiler unrolls), each row's result
+    broadcast from its first lane, and the rows past the end of the last warp computed
+    again and not stored; the grid launches a block per 32 rows. Few rows, rows of more
+    than ``ROW_SEGMENT_MAX`` (64) steps, and ``ROW_SEGMENT_STEPS = 0`` keep a warp (or a
+    block) per row. Values: cudasim_runner's ``(segments, re-read)`` and ``(segments,
+    kept)`` runs, and ``bench/rows_short.py`` on the GPU."""
 
     def softmax(rows: int, n: int):
         (k,) = kernels_of(f"(input x f32 [{rows} {n}])\n(let r (Softmax x 1))\n(output r)\n")
@@ -311,6 +314,7 @@ def test_many_short_rows_share_a_warp():
     assert (g.style, g.row_threads) == ("rows", 8)
     assert "lane = cuda.threadIdx.x % 8" in g.source and "while r < red" not in g.source
     assert "shfl_sync(0xFFFFFFFF, acc0, base)" in g.source and "if live:" in g.source
+    assert "for t in range(7)" in g.source and ".local" not in cg.ptx(g, (9, 0))
     assert cuda_load.grid_for(g, {"outer": 301056}) == (301056 // 32, cg.THREADS)
     assert cg.generate(softmax(100, 20)).row_threads == 32  # few rows: a warp each,
     assert cg.generate(softmax(100, 49)).style == "rows-block"  # or a block past 32
