@@ -5,8 +5,9 @@
 For ResNet-18's and MobileNetV2's convolution shapes at 224 px, on CUDA memory: seconds to
 build the plan (``codegen.conv.ConvPlan``), seconds to autotune it (build and time the first
 eight candidates), the candidates timed and the chosen plan's device milliseconds, in
-float32 and bfloat16; first with precompiled engines only (saturn's default), then, for the
-first ``--compiled-shapes`` shapes, with runtime-compiled (NVRTC) engines admitted. Compare
+float32 and bfloat16; first with precompiled engines only (saturn's default for dense
+convolutions), then, for the first ``--compiled-shapes`` shapes, with runtime-compiled
+(NVRTC) engines admitted. Compare
 the chosen plan's time with eager's ``nnf.conv2d`` (CUDA events, median of 20).
 
 With ``--layouts``, each shape in float32 and bfloat16 twice instead: every operand packed

@@ -53,7 +53,6 @@ from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's 
 )
 from .cuda_load import core_stream, grid_for, load
 from .cuda_reads import (
-    DEVICE_FN,
     HALVES,
     MEMORY_SIZE,
     ROUNDING_TARGET,
@@ -74,6 +73,7 @@ from .cuda_reduce import reduce_layout, reduce_source, split_plan, split_sources
 from .cuda_rows import rows_lanes, rows_source, rows_style, rows_threads
 from .expr import BodyWriter, helpers
 from .generated import MEMORY_TYPE, THREADS, Generated, Params
+from .lane_body import DEVICE_FN, LaneBodies
 from .movement import (  # noqa: F401 (copy_source, ...: read through this module)
     COPY_TYPES,
     INDEX32,
@@ -129,15 +129,27 @@ def loop_source(k: Kernel, fn: str, lanes: int = 1, narrow: bool = False) -> tup
     ]
     if lanes > 1:
         lines += [f"    nv = n // {lanes}", "    while i < nv:", f"{ind}j = i * {lanes}"]
-        lines += _loop_vector_step(k, lanes, rank, dnames, ind, narrow)
+        lane = LaneBodies(fn)
+        lines += _loop_vector_step(k, lanes, rank, dnames, ind, narrow, lane)
         lines += [f"{ind}i += step", f"    i = nv * {lanes} + cuda.grid(1)"]
-    body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
-    result, _ = body.emit(stored_body(k.body, k.dtype))
+        # the scalar tail calls the lanes' function too
+        result, _ = lane.call(
+            stored_body(k.body, k.dtype),
+            lambda i: compute_dtype(k.inputs[i].dtype),
+            "in{}_v".format,
+        )
+        tail = [f"{ind}res = {result}"]
+        result = "res"
+    else:
+        body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
+        result, _ = body.emit(stored_body(k.body, k.dtype))
+        tail = [ind + ln for ln in body.lines]
     lines.append("    while i < n:")
-    lines += reads + [ind + ln for ln in body.lines]
+    lines += reads + tail
     lines.append(ind + _store(k, "i", result))
     lines.append(f"{ind}i += step")
-    return "\n".join(lines), params
+    defs = lane.source() if lanes > 1 else ""
+    return defs + "\n".join(lines), params
 
 
 # Generated kernels by structure: a model's repeated layers hold the same kernels under

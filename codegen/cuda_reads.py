@@ -16,6 +16,7 @@ from saturn.eqsat.kinds import Kind
 from saturn.eqsat.program import Kernel
 
 from .expr import NUMBA_TYPE, BodyWriter
+from .lane_body import LaneBodies
 from .movement import (
     _uint32,
     narrow_copies,
@@ -87,12 +88,6 @@ def f16_round(v):
 
 # the simulator runs device functions as Python: numpy's rounding there (expr.helpers)
 ROUNDING_TARGET = "numpy" if config.ENABLE_CUDASIM else "cuda"
-
-
-# Helpers are inlined by NVVM (``alwaysinline``), not in Numba's IR: IR inlining costs
-# seconds per call site, and a bfloat16 loop of eight lanes has hundreds (ResNet-18's pool
-# took 72 s to build, 1.3 s this way). The simulator's jit has no such option.
-DEVICE_FN = "@cuda.jit(device=True" + ("" if config.ENABLE_CUDASIM else ", forceinline=True") + ")"
 
 
 def _acc_dtype(k: Kernel) -> str:
@@ -448,13 +443,20 @@ def _run_groups(k: Kernel) -> list[int]:
 
 
 def _loop_vector_step(
-    k: Kernel, lanes: int, rank: int, dnames: list[str], ind: str, narrow: bool
+    k: Kernel,
+    lanes: int,
+    rank: int,
+    dnames: list[str],
+    ind: str,
+    narrow: bool,
+    lane: LaneBodies,
 ) -> list[str]:
-    """One vector step of a loop at flat index ``j``. With middle or leading operands the
-    step branches once: where it stays inside one run of each, those operands are read
-    once and every lane computes from the same values (so what depends only on them, batch
-    norm's ``rsqrt(var + eps)``, is computed once per step, not per lane); otherwise each
-    lane reads its own."""
+    """One vector step of a loop at flat index ``j``, each lane calling the body's function
+    (``lane``). With middle or leading operands the step branches once: where it stays
+    inside one run of each, those operands are read once and every lane computes from the
+    same values (so what depends only on them, batch norm's ``rsqrt(var + eps)``, is
+    computed once per step, not per lane: the inlined calls share it); otherwise each lane
+    reads its own."""
     u_, jj = ("u", "uj") if narrow else ("", "j")
     head = (
         [f"{ind}uj = np.uint32(j)"]
@@ -462,15 +464,16 @@ def _loop_vector_step(
         else []
     )
 
-    def step(ind2: str, reads: list[str]) -> list[str]:
+    body = stored_body(k.body, k.dtype)
+
+    def step(ind2: str, reads: list[str], tag: str = "") -> list[str]:
         lines, results = list(reads), []
         for u in range(lanes):
-            w = BodyWriter(
-                lambda i, u=u: f"in{i}_v{u}", lambda i: compute_dtype(k.inputs[i].dtype), f"u{u}"
+            call, _ = lane.call(
+                body, lambda i: compute_dtype(k.inputs[i].dtype), lambda i, u=u: f"in{i}_v{u}"
             )
-            res, _ = w.emit(stored_body(k.body, k.dtype))
-            lines += [ind2 + ln for ln in w.lines]
-            results.append(store_expr(k.dtype, res))
+            lines.append(f"{ind2}b{tag}u{u} = {call}")
+            results.append(store_expr(k.dtype, f"b{tag}u{u}"))
         return [*lines, f"{ind2}vstore{lanes}(out, j, {', '.join(results)})"]
 
     groups = _run_groups(k)
@@ -488,12 +491,24 @@ def _loop_vector_step(
         *head,
         *(f"{ind}q{g} = {jj} // {u_}r{g}" for g in groups),
         f"{ind}if {cond}:",
-        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="shared")),
+        *step(
+            inner,
+            _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="shared"),
+            "s",
+        ),
         f"{ind}elif {two}:",
         *(f"{inner}e{g} = (q{g} + {one}) * {u_}r{g} - {jj}" for g in groups),
-        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="two")),
+        *step(
+            inner,
+            _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="two"),
+            "t",
+        ),
         f"{ind}else:",
-        *step(inner, _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="per-lane")),
+        *step(
+            inner,
+            _vector_reads(k, lanes, rank, dnames, inner, narrow=narrow, runs="per-lane"),
+            "p",
+        ),
     ]
 
 

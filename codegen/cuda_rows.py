@@ -31,6 +31,7 @@ from .cuda_reads import (
 )
 from .expr import NUMBA_TYPE, BodyWriter
 from .generated import NUMBA_SCALAR, THREADS, Params
+from .lane_body import LaneBodies
 from .movement import (
     INDEX_TYPES,
 )
@@ -160,10 +161,22 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             return _vector_reads(k, lanes, rank, dnames, ind, used)
         return _operand_reads(k, "j", rank, dnames, ind, used=used)[0]
 
+    lane = LaneBodies(fn)
+
     def bodies(e: tuple, tag: str) -> tuple[list[str], list[str]]:
-        """Statements and result variables of ``e`` for each lane of a step."""
+        """Statements and result variables of ``e`` for each lane of a step: with vector
+        lanes, a call of the body's function per lane (``LaneBodies``)."""
         lines, results = [], []
-        for u in range(lanes):
+        for u in range(lanes if lanes > 1 else 0):
+            call, _ = lane.call(
+                e,
+                lambda i: compute_dtype(k.inputs[i].dtype),
+                lambda i, u=u: var(i, u),
+                stage_vars.__getitem__,
+            )
+            lines.append(f"{ind}b{tag}u{u} = {call}")
+            results.append(f"b{tag}u{u}")
+        for u in range(1 if lanes == 1 else 0):
             w = BodyWriter(
                 lambda i, u=u: var(i, u),
                 lambda i: compute_dtype(k.inputs[i].dtype),
@@ -320,7 +333,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         return [f"{ind}{line}"] if width >= 32 else [f"{ind}if live:", f"{ind}    {line}"]
 
     lines += passes(stored_body(k.body, k.dtype), "", store, set())
-    return "\n".join(lines), params
+    return lane.source() + "\n".join(lines), params
 
 
 def _take_head(k: Kernel, take: tuple[int, int], first: str) -> list[str]:

@@ -476,3 +476,23 @@ def test_a_repeated_layers_kernels_are_generated_once():
         assert cg.generate(rows).source == cg._generate(rows, None, False).source
     finally:
         cuda_rows.ROW_REGISTERS = old
+
+
+def test_a_vector_body_is_written_once_and_inlined():
+    """A kernel of vector lanes writes its body once, as a device function each lane calls
+    (``LaneBodies``): a bfloat16 loop's tanh appears once in the source, called by its 8
+    lanes and the scalar tail; a float32 layer norm's three passes are three functions
+    called by its 4 lanes. NVVM inlines them: no call is left in the PTX."""
+    (k,) = kernels_of("(input x bf16 [64 256])\n(let r (Tanh (Add x x)))\n(output r)\n")
+    g = cg.generate(k)
+    assert g.lanes == 8 and g.source.count("math.tanh(") == 1
+    assert len(re.findall(rf"\b{g.name}_b0\(", g.source)) == 1 + 8 + 1  # def, lanes, tail
+    assert not re.search(r"\bcall(\.uni)?\b", cg.ptx(g, (9, 0)))
+    (k,) = kernels_of(
+        "(input x f32 [16384 1024])\n(param w f32 [1024])\n(param b f32 [1024])\n"
+        "(let r (LayerNorm x w b [1] 1e-05))\n(output r)\n"
+    )
+    g = cg.generate(k)
+    assert g.lanes == 4 and g.style == "rows"
+    assert [len(re.findall(rf"\b{g.name}_b{n}\(", g.source)) for n in range(4)] == [5, 5, 5, 0]
+    assert not re.search(r"\bcall(\.uni)?\b", cg.ptx(g, (9, 0)))
