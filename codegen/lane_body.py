@@ -4,7 +4,7 @@ calls, instead of once per lane.
 A kernel of 8-lane vectors used to repeat its body 8 times per copy of its step (a loop's
 three run cases, a rows kernel's passes): Numba's front end, whose time grows with the
 statements it is given, spent most of a kernel's build on those copies. NVVM inlines the
-function (``forceinline``) at every call, so the code is the same (decision 0111).
+function (``forceinline``) at every call, so the code is the same (decision 0112).
 """
 
 from __future__ import annotations
