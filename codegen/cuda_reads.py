@@ -83,7 +83,25 @@ def bf16_round(v):
 {decorator}
 def f16_round(v):
     return np.float32(np.float16(v))
-"""
+""" + "".join(_converting_vload(decorator, t, n) for t in ("bf16", "f16") for n in (2, 4, 8))
+
+
+def _converting_vload(decorator: str, dtype: str, lanes: int) -> str:
+    """``{dtype}_vload{lanes}``: a vector of half elements read into float32 values, one
+    call per operand and step instead of a load and a conversion per lane (statements
+    Numba's front end would type one by one: decision 0112)."""
+    vs = [f"v{u}" for u in range(lanes)]
+    return (
+        f"\n\n{decorator}\ndef {dtype}_vload{lanes}(a, i):\n"
+        f"    {', '.join(vs)} = vload{lanes}(a, i)\n"
+        f"    return {', '.join(load_expr(dtype, v) for v in vs)}\n"
+    )
+
+
+def _vload(dtype: str, lanes: int, names: list[str], array: str, at: str, ind: str) -> str:
+    """``names`` read as one vector access at ``at``, in their compute dtype."""
+    fn = f"{dtype}_vload{lanes}" if dtype in ("bf16", "f16") else f"vload{lanes}"
+    return f"{ind}{', '.join(names)} = {fn}({array}, {at})"
 
 
 # the simulator runs device functions as Python: numpy's rounding there (expr.helpers)
@@ -352,18 +370,18 @@ def _vector_reads(
         if _row_constant(k, i):  # one value per row (``_row_constant_head``)
             lines += [f"{ind}{v} = rc{i}" for v in names]
             continue
+        convert = o.dtype not in ("bf16", "f16") and load_expr(o.dtype, "v") != "v"
         if o.indexing == "trailing" and _row_trailing(k, i):  # whole rows, from the base
-            lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, pb{i} + r)")
-            if load_expr(o.dtype, "v") != "v":
+            lines.append(_vload(o.dtype, lanes, names, f"in{i}", f"pb{i} + r", ind))
+            if convert:
                 lines += [f"{ind}{v} = {load_expr(o.dtype, v)}" for v in names]
             continue
         if o.indexing == "table":  # the taken row, or zeros past the table (``_take_head``)
             zero = f"{NUMBA_TYPE[compute_dtype(o.dtype)]}(0)"
-            convert = [f"{v} = {load_expr(o.dtype, v)}" for v in names]
             lines += [
                 f"{ind}if tok:",
-                f"{ind}    {', '.join(names)} = vload{lanes}(in{i}, tb + r)",
-                *(f"{ind}    {ln}" for ln in convert if load_expr(o.dtype, "v") != "v"),
+                _vload(o.dtype, lanes, names, f"in{i}", "tb + r", ind + "    "),
+                *(f"{ind}    {v} = {load_expr(o.dtype, v)}" for v in names if convert),
                 f"{ind}else:",  # the compute type's zeros: what the reads convert to
                 f"{ind}    {', '.join(names)} = {', '.join([zero] * lanes)}",
             ]
@@ -373,8 +391,8 @@ def _vector_reads(
                 lines += _strided_offsets(k, "j", rank, dnames, ind, narrow)[0]
                 offsets = True
             at = "j" if o.indexing == "same" else f"off{i}"
-            lines.append(f"{ind}{', '.join(names)} = vload{lanes}(in{i}, {at})")
-            if load_expr(o.dtype, "v") != "v":  # bools and halves: to their compute dtype
+            lines.append(_vload(o.dtype, lanes, names, f"in{i}", at, ind))
+            if convert:  # bools: to their compute dtype (halves convert as they load)
                 lines += [f"{ind}{v} = {load_expr(o.dtype, v)}" for v in names]
             continue
         per_lane = []

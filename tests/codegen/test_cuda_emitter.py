@@ -481,11 +481,14 @@ def test_a_repeated_layers_kernels_are_generated_once():
 def test_a_vector_body_is_written_once_and_inlined():
     """A kernel of vector lanes writes its body once, as a device function each lane calls
     (``LaneBodies``): a bfloat16 loop's tanh appears once in the source, called by its 8
-    lanes and the scalar tail; a float32 layer norm's three passes are three functions
-    called by its 4 lanes. NVVM inlines them: no call is left in the PTX."""
+    lanes and the scalar tail, its operand read by one converting vector load a step; a
+    float32 layer norm's three passes are three functions called by its 4 lanes. NVVM
+    inlines them: no call is left in the PTX."""
     (k,) = kernels_of("(input x bf16 [64 256])\n(let r (Tanh (Add x x)))\n(output r)\n")
     g = cg.generate(k)
     assert g.lanes == 8 and g.source.count("math.tanh(") == 1
+    # its bfloat16 operand read and converted by one call a step, not a call a lane
+    assert "= bf16_vload8(in0, j)" in g.source and "= bf16_load(in0_v" not in g.source
     assert len(re.findall(rf"\b{g.name}_b0\(", g.source)) == 1 + 8 + 1  # def, lanes, tail
     assert not re.search(r"\bcall(\.uni)?\b", cg.ptx(g, (9, 0)))
     (k,) = kernels_of(
