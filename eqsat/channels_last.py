@@ -13,11 +13,13 @@ kernel that cannot take it, so that a network of mixed layouts (depthwise convol
 concatenations) does not pay a copy into and out of NHWC around each convolution
 (MobileNetV2 in bfloat16 took 4.72 ms against Inductor's 3.53 with every dense convolution
 converted, H100). Float32 plans (no tensor cores with TF32 off: NHWC was as fast
-or slower) keep NCHW. A grouped half convolution goes channels-last where its image lies
-NHWC already (the block before it wrote NHWC): with cuDNN's runtime-compiled engines,
-which its plans admit for depthwise convolutions, every grouped shape of the zoo ran
-faster in NHWC than in NCHW (decision 0111; with precompiled engines only, 3x3
-depthwise NHWC took 4-8 times as long, and decision 0109 kept it NCHW).
+or slower) and grouped convolutions (3x3 depthwise NHWC took 4-8 times as long) keep NCHW,
+except a grouped one with kernels of at least 7 whose image lies NHWC already: ConvNeXt's
+7x7 depthwise convolutions, which cuDNN runs 2.8 times as fast in NHWC (decision 0109).
+With the runtime-compiled engines depthwise plans admit (decision 0111), smaller grouped
+kernels are faster in NHWC too, but letting them take it lets the layout travel on to
+kernels that cannot take it: EfficientNet-B0 then copied 16 full-size activations back to
+NCHW before its squeeze-and-excitation reductions (planned on the CPU), so they keep NCHW.
 
 The layout then travels: a loop over a rank-4 domain whose full-size operands all lie in
 NHWC order runs over the permuted domain (N, H, W, C), so that it reads them packed and
@@ -257,14 +259,19 @@ def _to_nhwc(conv: Kernel, image_is_input: bool, lay: _Layouts) -> bool:
     return _half_grouped_conv(conv) and lies_nhwc
 
 
+GROUPED_NHWC_MIN_KERNEL = 7  # the smallest kernel extent of a grouped convolution in NHWC
+
+
 def _half_grouped_conv(k: Kernel) -> bool:
-    """A float16/bfloat16 grouped convolution: cuDNN runs it faster in NHWC memory than in
-    NCHW (module docstring); it goes channels-last only where its image lies NHWC."""
+    """A float16/bfloat16 grouped convolution cuDNN runs faster in NHWC memory than in
+    NCHW (module docstring): kernels of at least ``GROUPED_NHWC_MIN_KERNEL`` along both
+    spatial axes; it goes channels-last only where its image lies NHWC already."""
     return (
         k.dtype in HALVES
         and k.attrs.get("groups", 1) > 1
         and len(k.shape) == 4
         and not k.attrs.get("channels_last")
+        and min(k.inputs[1].shape[2:]) >= GROUPED_NHWC_MIN_KERNEL
     )
 
 
