@@ -129,11 +129,12 @@ class ConvPlan:
         acc = cudnn.data_type.FLOAT if x.dtype in ("f16", "bf16") else t
         self.stream = stream
         self.handle = _handle(stream)
-        # the tries in order: compiled engines admitted or not (a depthwise convolution's
+        # the tries in order, compiled engines admitted or not (a depthwise convolution's
         # plan falls back to precompiled ones should runtime compilation fail)
-        tries = {None: (True, False) if depthwise(w.shape, p.groups) else (False, True)}.get(
-            runtime_compiled, (True,) if runtime_compiled else (False, True)
-        )
+        if runtime_compiled is None:
+            tries = (True, False) if depthwise(w.shape, p.groups) else (False, True)
+        else:
+            tries = (True,) if runtime_compiled else (False, True)
         for n, admit_compiled in enumerate(tries):
             try:
                 g, tensors = self._graph(x, w, bias, out, p, t, acc, want)

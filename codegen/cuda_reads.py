@@ -83,7 +83,7 @@ def bf16_round(v):
 {decorator}
 def f16_round(v):
     return np.float32(np.float16(v))
-""" + "".join(_converting_vload(decorator, t, n) for t in ("bf16", "f16") for n in (2, 4, 8))
+""" + "".join(_converting_vload(decorator, t, n) for t in HALVES for n in (2, 4, 8))
 
 
 def _converting_vload(decorator: str, dtype: str, lanes: int) -> str:
@@ -100,7 +100,7 @@ def _converting_vload(decorator: str, dtype: str, lanes: int) -> str:
 
 def _vload(dtype: str, lanes: int, names: list[str], array: str, at: str, ind: str) -> str:
     """``names`` read as one vector access at ``at``, in their compute dtype."""
-    fn = f"{dtype}_vload{lanes}" if dtype in ("bf16", "f16") else f"vload{lanes}"
+    fn = f"{dtype}_vload{lanes}" if dtype in HALVES else f"vload{lanes}"
     return f"{ind}{', '.join(names)} = {fn}({array}, {at})"
 
 
@@ -370,7 +370,7 @@ def _vector_reads(
         if _row_constant(k, i):  # one value per row (``_row_constant_head``)
             lines += [f"{ind}{v} = rc{i}" for v in names]
             continue
-        convert = o.dtype not in ("bf16", "f16") and load_expr(o.dtype, "v") != "v"
+        convert = o.dtype not in HALVES and load_expr(o.dtype, "v") != "v"  # bools
         if o.indexing == "trailing" and _row_trailing(k, i):  # whole rows, from the base
             lines.append(_vload(o.dtype, lanes, names, f"in{i}", f"pb{i} + r", ind))
             if convert:

@@ -167,16 +167,18 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
         """Statements and result variables of ``e`` for each lane of a step: with vector
         lanes, a call of the body's function per lane (``LaneBodies``)."""
         lines, results = [], []
-        for u in range(lanes if lanes > 1 else 0):
-            call, _ = lane.call(
-                e,
-                lambda i: compute_dtype(k.inputs[i].dtype),
-                lambda i, u=u: var(i, u),
-                stage_vars.__getitem__,
-            )
-            lines.append(f"{ind}b{tag}u{u} = {call}")
-            results.append(f"b{tag}u{u}")
-        for u in range(1 if lanes == 1 else 0):
+        if lanes > 1:
+            for u in range(lanes):
+                call, _ = lane.call(
+                    e,
+                    lambda i: compute_dtype(k.inputs[i].dtype),
+                    lambda i, u=u: var(i, u),
+                    stage_vars.__getitem__,
+                )
+                lines.append(f"{ind}b{tag}u{u} = {call}")
+                results.append(f"b{tag}u{u}")
+            return lines, results
+        for u in range(lanes):
             w = BodyWriter(
                 lambda i, u=u: var(i, u),
                 lambda i: compute_dtype(k.inputs[i].dtype),
