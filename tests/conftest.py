@@ -14,6 +14,13 @@ import pytest
 # rule set): each compiles afresh. tests/compile/test_compile_cache.py turns it on.
 os.environ["SATURN_COMPILE_CACHE"] = "0"
 
+# pytest-xdist's workers share the machine's cores: each gets its share of intra-op threads
+# (two workers on two cores ran four threads, and the zoo's CNN tests took 15% longer;
+# decision 0113). Set before torch is imported, and inherited by the processes tests start.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 
 def _gpu_skip_reason() -> str | None:
     import torch
