@@ -473,8 +473,10 @@ def test_key_reshape_copies_rows_and_the_gemm_reads_it_transposed():
 def test_depthwise_convolutions_admit_runtime_compiled_engines(dtype):
     """A depthwise convolution's cuDNN plan admits the engines cuDNN compiles while building
     plans (decision 0111: 1.5-14 times as fast there); a dense one's keeps the precompiled
-    engines. Both give eager's values: float32 at 1e-5 against the CPU, bfloat16 within
-    its rounding of a float32 reference."""
+    engines. Both give eager's values: float32 within the rounding bound of a sum of K
+    products in any order (K u sum |x w|, u = 2^-24; against a float64 reference: the
+    runtime-compiled engines sum in another order than the CPU, up to 3.4e-5 apart on
+    values near 7), bfloat16 within its rounding of a float32 reference."""
     torch.manual_seed(11)
     x = torch.randn(4, 32, 20, 20)
     for weight, groups, compiled in (
@@ -486,10 +488,17 @@ def test_depthwise_convolutions_admit_runtime_compiled_engines(dtype):
         compiles = backend.CACHE.compiles
         fn = _conv_fn({}, padding=pad, groups=groups)
         got = fn(x.to(dtype).to(GPU), weight.to(dtype).to(GPU), None).cpu().float()
-        want = torch.nn.functional.conv2d(
-            x.to(dtype).float(), weight.to(dtype).float(), padding=pad, groups=groups
-        )
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        xs, ws = x.to(dtype).double(), weight.to(dtype).double()
+        want = torch.nn.functional.conv2d(xs, ws, padding=pad, groups=groups)
+        if dtype == torch.float32:
+            k = weight[0].numel()
+            bound = (
+                k
+                * 2.0**-24
+                * torch.nn.functional.conv2d(xs.abs(), ws.abs(), padding=pad, groups=groups)
+            )
+            assert ((got.double() - want).abs() <= bound).all(), (weight.shape, groups)
+        else:
+            torch.testing.assert_close(got, want.float(), rtol=2e-2, atol=2e-2)
         ((_, plan),) = recipes_of(compiles)[-1].runner.plans.values()
         assert plan.runtime_compiled == compiled, (weight.shape, groups)
