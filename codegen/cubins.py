@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("saturn")
 
+HARDWARE_BF16 = (8, 0)  # the first compute capability with cvt.rn.bf16.f32 (halfbits)
+
 # fewest kernels to build worth starting worker processes for (each imports Numba, ~1 s)
 PARALLEL_FROM = 3
 
@@ -41,9 +43,17 @@ class KernelError(RuntimeError):
     """A kernel the CUDA emitter cannot build, or a launch whose operands do not fit."""
 
 
-def python_function(g: Generated):
+def python_function(g: Generated, kind: str = "cuda-kernels"):
     """The kernel's Python function, from a real file (Numba reads source from files)."""
-    return getattr(import_source(g.source, "cuda-kernels"), g.name)
+    return getattr(import_source(g.source, kind), g.name)
+
+
+def _module_kind(cc: tuple[int, int]) -> str:
+    """Where ``ptx`` imports a kernel's module from for ``cc``: Numba compiles a module's
+    device functions once per signature, whatever the target, and the bfloat16 store is one
+    instruction from 8.0 and integer arithmetic before it (``halfbits.f32_bf16``), so an
+    older target gets modules of its own."""
+    return "cuda-kernels" if cc >= HARDWARE_BF16 else f"cuda-kernels-sm{cc[0]}{cc[1]}"
 
 
 def signature(g: Generated):
@@ -82,7 +92,8 @@ def ptx(g: Generated, cc: tuple[int, int]) -> str:
     _target_device_hook()
     _building.cc = cc
     try:
-        text, _ = cuda.compile_ptx(python_function(g), signature(g), cc=cc, fastmath=False)
+        fn = python_function(g, _module_kind(cc))
+        text, _ = cuda.compile_ptx(fn, signature(g), cc=cc, fastmath=False)
     finally:
         _building.cc = None
     return text.rstrip("\x00")  # Numba's PTX ends with a NUL the linkers reject

@@ -69,10 +69,10 @@ def bf16_load(u):
 
 {decorator}
 def bf16_store(v):
-    b = np.int64(f32_bits(np.float32(v)))
-    if (b & 0x7FFFFFFF) > 0x7F800000:
+    x = np.float32(v)
+    if x != x:
         return np.uint16(0x7FC0)
-    return np.uint16((b + 0x7FFF + ((b >> 16) & 1)) >> 16)
+    return f32_bf16(x)
 
 
 {decorator}

@@ -56,6 +56,32 @@ def test_a_fused_half_chain_gives_eagers_bits(dtype):
     torch.testing.assert_close(got.cpu(), f(x, y), rtol=rtol, atol=atol)
 
 
+def test_bfloat16_stores_round_as_pytorchs_cpu_conversion_bit_for_bit():
+    """A fused loop storing bfloat16 (the hardware's ``cvt.rn.bf16.f32`` from 8.0,
+    decision 0114) and saturn's eager cast give the CPU conversion's bits for ordinary
+    values, ties both ways, values past the largest finite one, subnormals, both zeros,
+    infinities, and NaN as 0x7FC0 (the CUDA instruction's own NaN is 0x7FFF)."""
+    specials = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, -3.4e38, 3.3961e38, 1e-40]
+    specials += [-1e-40, 2**-133, 0.0, -0.0, float("inf"), float("-inf"), float("nan")]
+    x = torch.randn(4096) * 4
+    x[: len(specials)] = torch.tensor(specials)
+    x[len(specials) : 2 * len(specials)] = -torch.tensor(specials).abs()  # a negative NaN
+
+    def f(x):
+        return (x * 1.0).to(torch.bfloat16)
+
+    def bits(t):
+        return t.cpu().view(torch.int16)
+
+    want = bits(x.to(torch.bfloat16))
+    assert want[len(specials) - 1].item() == 0x7FC0
+    _, got, recipe, fb = compile_last(f, x.to(GPU))
+    assert [k.kind for k in recipe.program.kernels] == ["loop"], recipe.program.to_text()
+    assert saturn.fallback_counts() == fb
+    assert torch.equal(bits(got), want)
+    assert torch.equal(bits(x.to(GPU).to(torch.bfloat16)), want)
+
+
 @pytest.mark.parametrize("dtype", HALVES)
 def test_a_half_mlp_block_runs_library_products_and_replays(dtype):
     torch.manual_seed(1)
