@@ -58,7 +58,7 @@ def load_expr(dtype: str, ref: str) -> str:
 def half_helpers(decorator: str) -> str:
     """Device functions for bfloat16 and float16 values held in float32: ``bf16_load``
     (memory bits to float32: exact), ``bf16_store`` (float32 to the bits of the nearest
-    bfloat16, ties to even, as PyTorch's conversion; any NaN to its quiet NaN 0x7FC0),
+    bfloat16, ties to even; any NaN to 0x7FFF, as PyTorch's CUDA conversion: ``f32_bf16``),
     ``bf16_round``/``f16_round`` (a float32 rounded to the half type and back: a cast
     inside a body)."""
     return f"""
@@ -69,10 +69,7 @@ def bf16_load(u):
 
 {decorator}
 def bf16_store(v):
-    x = np.float32(v)
-    if x != x:
-        return np.uint16(0x7FC0)
-    return f32_bf16(x)
+    return f32_bf16(np.float32(v))
 
 
 {decorator}

@@ -6,10 +6,10 @@ is the upper half of a float32, so a kernel loads its 16 bits as a uint16 and wi
 with ``bits_f32(u << 16)``, and stores a float32 rounded to nearest even through
 ``f32_bits``. Under Numba's CUDA simulator (CI, no GPU) the same names are numpy views.
 
-``f32_bf16(x)`` is the bits of the bfloat16 nearest a float32 (ties to even; NaN not
-handled: the caller picks its NaN). From compute capability 8.0 it is the hardware's one
-conversion, ``cvt.rn.bf16.f32``, as inline PTX (libNVVM has no bfloat16 intrinsic); for an
-older target, and under the simulator, the same rounding in 32-bit integer arithmetic
+``f32_bf16(x)`` is the bits of the bfloat16 nearest a float32 (ties to even; any NaN to
+0x7FFF, as PyTorch's CUDA conversion stores it). From compute capability 8.0 it is the
+hardware's one conversion, ``cvt.rn.bf16.f32``, as inline PTX (libNVVM has no bfloat16
+intrinsic); for an older target, and under the simulator, the same in 32-bit integer arithmetic
 (written in Python, Numba widens it to 64 bits: a bfloat16 GELU-and-add loop was 714 PTX
 instructions against 394 in float32, decision 0114).
 """
@@ -21,6 +21,8 @@ from numba import config
 
 __all__ = ["bits_f32", "f32_bf16", "f32_bits"]
 
+NAN = 0x7FFF  # the bfloat16 NaN cvt.rn.bf16.f32 stores (PyTorch's CPU conversion: 0xFFFF)
+
 
 def _simulated():
     def f32_bits(x):
@@ -31,6 +33,8 @@ def _simulated():
 
     def f32_bf16(x):
         b = int(f32_bits(np.float32(x)))
+        if (b & 0x7FFFFFFF) > 0x7F800000:
+            return np.uint16(NAN)
         return np.uint16((b + 0x7FFF + ((b >> 16) & 1)) >> 16)
 
     return f32_bits, bits_f32, f32_bf16
@@ -81,7 +85,9 @@ def _compiled():
             b = builder.bitcast(v, i32)
             odd = builder.and_(builder.lshr(b, ir.Constant(i32, 16)), ir.Constant(i32, 1))
             up = builder.add(builder.add(b, ir.Constant(i32, 0x7FFF)), odd)
-            return builder.trunc(builder.lshr(up, ir.Constant(i32, 16)), i16)
+            bits = builder.trunc(builder.lshr(up, ir.Constant(i32, 16)), i16)
+            nan = builder.fcmp_unordered("uno", v, v)
+            return builder.select(nan, ir.Constant(i16, NAN), bits)
 
         return types.uint16(x), codegen
 

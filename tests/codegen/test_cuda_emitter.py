@@ -191,8 +191,8 @@ def test_helpers_are_inlined_by_nvvm_and_build_without_a_gpu():
 
 
 def test_bfloat16_stores_are_the_hardware_conversion_from_compute_capability_8():
-    """Each bfloat16 lane is stored through one ``cvt.rn.bf16.f32`` and a NaN select
-    (decision 0114), not 64-bit integer rounding; a 7.5 target, which has no such
+    """Each bfloat16 lane is stored through one ``cvt.rn.bf16.f32`` (decision 0114), not
+    64-bit integer rounding; a 7.5 target, which has no such
     instruction, builds the same source with 32-bit integer rounding instead (its own
     module: Numba keeps one compile of a device function per signature, whatever the
     target). Bits: the simulator's half cases and the GPU's bit-for-bit test."""
@@ -202,7 +202,7 @@ def test_bfloat16_stores_are_the_hardware_conversion_from_compute_capability_8()
     # two roundings an element (the sum, as eager rounds it, and the stored tanh) in the
     # eight vector lanes and the scalar tail
     assert g.lanes == 8 and len(re.findall(r"\bcvt\.rn\.bf16\.f32\b", new)) == 2 * (8 + 1)
-    assert len(re.findall(r"\bsetp\.nan\.f32\b", new)) == 2 * (8 + 1)
+    assert not re.search(r"\bsetp\.nan\.f32\b", new)  # the instruction's NaN is kept
     assert "cvt.rn.bf16" not in old and not re.search(r"\bcall(\.uni)?\b", old)
     # 64-bit integer rounding was about 30 instructions a lane: what is left is indexing
     assert len(re.findall(r"\.[su]64\b", new)) < len(re.findall(r"\.[su]64\b", old))
