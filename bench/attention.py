@@ -1,6 +1,7 @@
 """Attention on saturn GPU tensors: ``saturn::attention`` (one cuDNN kernel, decision 0033)
 against PyTorch's ``scaled_dot_product_attention`` on CUDA tensors, bfloat16, eager, in one
 process. (saturn's unfused eager product is not timed: its softmax is the CPU fallback.)
+A float32 table comes first: saturn's own kernel against PyTorch's memory-efficient one.
 A second table times ``F.scaled_dot_product_attention`` itself on saturn tensors (the fused
 op the device chooses, decision 0061), causal and with grouped-query heads, against the same
 call on CUDA tensors.
@@ -15,7 +16,7 @@ packed [B, S, 3 H D] projection (an encoder's heads, read in place by both kerne
 from __future__ import annotations
 
 import torch
-from timing import median_us  # bench/timing.py (this script's folder)
+from timing import median_us, pipelined_us  # bench/timing.py (this script's folder)
 
 import saturn  # noqa: F401
 
@@ -75,7 +76,63 @@ def sdpa_row(b: int, s: int, h: int, d: int, hk: int) -> str:
     return f"{shape:>20s} {t_torch:14.1f} {t_saturn:16.1f} {err:20.2e}"
 
 
+# float32 (issue 31: faster than PyTorch's float32 memory-efficient attention): timm/ViT
+# encoders at 224 px (197 tokens), BERT-sized and longer sequences, causal decoders
+F32_SHAPES = (
+    (32, 197, 3, 64, False),
+    (32, 197, 12, 64, False),
+    (8, 512, 12, 64, False),
+    (4, 1024, 16, 64, True),
+    (2, 2048, 16, 128, True),
+    (1, 4096, 16, 64, True),
+)
+
+
+def f32_row(b: int, s: int, h: int, d: int, causal: bool) -> str:
+    """F.scaled_dot_product_attention in float32 on saturn tensors (saturn's own kernel,
+    codegen/flash_attention.py) against CUDA tensors with PyTorch's memory-efficient
+    kernel forced (what it picks for float32), TF32 off. Timed as 20 calls back to back
+    and one synchronize, per call (``pipelined_us``): the device time where it exceeds the
+    host's (saturn's eager call costs about 150 us of host time; compiled graphs replay)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    proj = torch.randn(b, s, 3 * h * d)
+    cq, ck, cv = heads(proj.cuda(), b, s, h, d)
+    sq, sk, sv = heads(proj.to(GPU), b, s, h, d)
+    f = torch.nn.functional.scaled_dot_product_attention
+
+    def torch_call():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return f(cq, ck, cv, is_causal=causal)
+
+    def saturn_call():
+        return f(sq, sk, sv, is_causal=causal)
+
+    t_torch = pipelined_us(torch_call, torch.cuda.synchronize, REPEATS)
+    t_saturn = pipelined_us(saturn_call, lambda: torch.saturn.synchronize(GPU), REPEATS)
+    got, want = saturn_call().cpu(), torch_call().cpu()
+    err = (got - want).abs().max().item()
+    ref = f(*heads(proj.double(), b, s, h, d), is_causal=causal) if b * s * h <= 2**17 else None
+    err64 = (got.double() - ref).abs().max().item() if ref is not None else float("nan")
+    shape = f"{b}x{s}x{h}x{d}{' causal' if causal else ''}"
+    return (
+        f"{shape:>22s} {t_torch:14.1f} {t_saturn:12.1f} {t_torch / t_saturn:8.2f} "
+        f"{err:12.2e} {err64:12.2e}"
+    )
+
+
 if __name__ == "__main__":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print("F.scaled_dot_product_attention, float32, eager")
+    print(
+        f"{'B x S x H x D':>22s} {'torch mem-eff':>14s} {'saturn us':>12s} {'x torch':>8s} "
+        f"{'|s - torch|':>12s} {'|s - f64|':>12s}"
+    )
+    for shape in F32_SHAPES:
+        print(f32_row(*shape))
+    print()
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(
         f"{'B x S x H x D':>18s} {'torch CUDA us':>14s} {'saturn fused us':>16s} "

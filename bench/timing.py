@@ -18,3 +18,20 @@ def median_us(fn, sync, repeats: int, warmup: int = 3) -> float:
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
+
+
+def pipelined_us(fn, sync, repeats: int, calls: int = 20, warmup: int = 3) -> float:
+    """Median over ``repeats`` of the wall time of ``calls`` back-to-back calls and one
+    synchronize, per call, in us: each call's host work overlaps the device work queued
+    before it, so where the device work is the longer this is the device time per call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times) * 1e6

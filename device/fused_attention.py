@@ -1,12 +1,12 @@
 """``saturn::attention(q, k, v, scale)``: ``softmax(scale * q @ k^T) @ v`` over [B, H, S, D]
-saturn tensors, as one fused cuDNN kernel on a GPU (``codegen/attention.py``).
+saturn tensors, as one fused kernel on a GPU: cuDNN's for half types
+(``codegen/attention.py``), saturn's own for float32 (``codegen/flash_attention.py``).
 
 It is a saturn custom op with a host function: compiled graphs place it on the device as one
 ``Custom`` step (captured and replayed with the rest), eager calls run it directly. The
-encoder layer's fast path (``decompositions.py``) calls it for float16 and bfloat16 on a GPU
-where the fused kernel takes the operands (``fused_attention_takes``), and writes the
-unfused product otherwise, so float32 attention stays the product, softmax and product it
-was. The reference is that unfused product (the CPU, saturn:0, and layouts cuDNN refuses at
+encoder layer's fast path (``decompositions.py``) calls it on a GPU where a fused kernel
+takes the operands (``fused_attention_takes``), and writes the unfused product otherwise.
+The reference is that unfused product (the CPU, saturn:0, and layouts cuDNN refuses at
 run time, counted as fallbacks and logged)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import threading
 
 import torch
 
-from saturn.codegen.attention import AttentionError, AttentionPlan, check_operands
+from saturn.codegen import flash_attention
+from saturn.codegen.attention import AttentionError, AttentionPlan, check_bias, check_operands
 from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
@@ -26,8 +27,9 @@ from .dtypes import DTYPES
 
 log = logging.getLogger("saturn")
 
-_PLANS: dict[tuple, tuple[AttentionPlan, torch.Tensor] | str] = {}
+_PLANS: dict[tuple, tuple[AttentionPlan | flash_attention.FlashPlan, torch.Tensor] | str] = {}
 _LOCK = threading.Lock()
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # cuDNN's; saturn's float32
 
 
 def _layout(t: torch.Tensor) -> Layout:
@@ -45,18 +47,30 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
     parameter is there because a custom op's ``when`` receives every argument)."""
     if any(t.device.type != "saturn" or t.device.index < 1 for t in (q, k, v)):
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4 or v.dim() != 4:
+    if q.dtype not in KERNEL_DTYPES or q.dim() != 4 or v.dim() != 4:
         return False
-    if cudnn_unavailable() is not None:
+    if q.dtype != torch.float32 and cudnn_unavailable() is not None:
         return False
     if v.shape[-1] != q.shape[-1]:  # a custom op's output is typed like its first operand
         return False
     out = Layout(DTYPES[q.dtype], tuple(q.shape), packed_strides(tuple(q.shape)))
     try:
-        check_operands(_layout(q), _layout(k), _layout(v), out)
+        checks(q.dtype)[0](_layout(q), _layout(k), _layout(v), out)
     except AttentionError:
         return False
     return True
+
+
+def checks(dtype: torch.dtype):
+    """(operand check, bias check) of the kernel that runs ``dtype``: cuDNN's for half
+    types, saturn's own float32 kernel (``codegen/flash_attention.py``) for float32."""
+    if dtype == torch.float32:
+        return flash_attention.check_operands, flash_attention.check_bias
+    return check_operands, check_bias
+
+
+def _plan_class(dtype: str):
+    return flash_attention.FlashPlan if dtype == "f32" else AttentionPlan
 
 
 def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
@@ -72,7 +86,7 @@ def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> boo
             stream = torch.saturn.stream_handle(index)
             try:
                 with torch.saturn.device(index):
-                    plan = AttentionPlan(
+                    plan = _plan_class(layouts[0].dtype)(
                         *layouts,
                         scale,
                         stream,
@@ -109,7 +123,7 @@ attention = custom_op(
     "saturn::attention",
     "(Tensor q, Tensor k, Tensor v, float scale) -> Tensor",
     reference=unfused,
-    dtypes=(torch.float16, torch.bfloat16),
+    dtypes=KERNEL_DTYPES,
     host=_run,
     when=fused_attention_takes,
 )

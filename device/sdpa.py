@@ -2,11 +2,13 @@
 
 aten's ``scaled_dot_product_attention`` asks the device which kernel to call. saturn's answer
 (``csrc/attention.cpp``) is aten's math (two batched products and a softmax over the whole
-[Sq, Skv] score matrix, in float32) for float32, dropout, gradients, odd head sizes; and for
-half types ``_scaled_dot_product_fused_attention_overrideable``, implemented here:
+[Sq, Skv] score matrix, in float32) for dropout, gradients, odd head sizes and float32 on
+saturn:0; and for half types, and float32 on a GPU,
+``_scaled_dot_product_fused_attention_overrideable``, implemented here:
 
-* eager calls: the fused cuDNN kernel on a GPU (``codegen/attention.py``, with the row
-  log-sum-exp the op returns), the math everywhere else (saturn:0, layouts cuDNN refuses);
+* eager calls: one fused kernel on a GPU (cuDNN's for half types, ``codegen/attention.py``;
+  saturn's own for float32, ``codegen/flash_attention.py``; with the row log-sum-exp the op
+  returns), the math everywhere else (saturn:0, layouts a kernel refuses);
 * compiled graphs (``decomposition``, in saturn's decomposition table): a ``saturn::sdpa``
   or ``saturn::sdpa_bias`` custom op where the fused kernel takes the operands (placed on
   the device as one ``Custom`` step), aten's math written out otherwise, so the e-graph sees
@@ -32,7 +34,7 @@ import math
 
 import torch
 
-from saturn.codegen.attention import AttentionError, check_bias, check_operands
+from saturn.codegen.attention import AttentionError
 from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 
@@ -41,7 +43,9 @@ from .dtypes import DTYPES
 from .eager_registry import impl
 from .fused_attention import (
     _PLANS,  # noqa: F401 (tests read _PLANS)
+    KERNEL_DTYPES,
     _layout,
+    checks,
 )
 from .fused_attention import run_fused as _run_fused
 
@@ -107,11 +111,12 @@ def layouts_take(q, k, v, bias=None) -> bool:
     """Whether the fused kernel takes these operands' dtypes and layouts (real or fake
     tensors, k and v with q's heads): a half type, what ``check_operands`` and
     ``check_bias`` accept."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
+    if q.dtype not in KERNEL_DTYPES:
         return False
     if q.dim() != 4 or v.dim() != 4 or v.shape[-1] != q.shape[-1]:
         return False
     out = Layout(DTYPES[q.dtype], tuple(q.shape), _out_strides(tuple(q.shape)))
+    check_operands, check_bias = checks(q.dtype)
     try:
         check_operands(_layout(q), _layout(k), _layout(v), out)
         if bias is not None:
@@ -133,9 +138,10 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 
 def on_fused_device(*ts: torch.Tensor) -> bool:
-    """Where the fused kernel can run: saturn GPU tensors, cuDNN present."""
+    """Where a fused kernel can run: saturn GPU tensors, cuDNN present for half types
+    (float32 runs saturn's own kernel)."""
     on_gpu = all(t.device.type == "saturn" and t.device.index >= 1 for t in ts)
-    return on_gpu and cudnn_unavailable() is None
+    return on_gpu and (ts[0].dtype == torch.float32 or cudnn_unavailable() is None)
 
 
 def fused_takes(q, k, v, bias=None) -> bool:
@@ -181,7 +187,7 @@ sdpa = custom_op(
     "saturn::sdpa",
     "(Tensor qt, Tensor k, Tensor v, float scale, bool causal) -> Tensor",
     reference=_sdpa_ref,
-    dtypes=(torch.float16, torch.bfloat16),
+    dtypes=KERNEL_DTYPES,
     host=_host("saturn::sdpa"),
     when=_takes,
 )
@@ -189,7 +195,7 @@ sdpa_bias = custom_op(
     "saturn::sdpa_bias",
     "(Tensor qt, Tensor k, Tensor v, Tensor bias, float scale) -> Tensor",
     reference=_sdpa_bias_ref,
-    dtypes=(torch.float16, torch.bfloat16),
+    dtypes=KERNEL_DTYPES,
     host=_host("saturn::sdpa_bias"),
     when=_takes,
     packed=("bias",),  # a mask broadcast by a zero stride, which the kernel does not read

@@ -27,12 +27,15 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                      (mask.has_value() && mask->defined() && mask->requires_grad()));
   if (grad) return math;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
-  if (!half_type(q.scalar_type()) || k.scalar_type() != q.scalar_type() ||
+  // float32: saturn's own kernel (codegen/flash_attention.py), on a GPU only; saturn:0 is
+  // the CPU reference device and keeps the math
+  const bool f32 = q.scalar_type() == at::kFloat && q.device().index() >= 1;
+  if (!(half_type(q.scalar_type()) || f32) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return math;
   const int64_t d = q.sym_size(3).guard_int(__FILE__, __LINE__);
   if (k.sym_size(3).guard_int(__FILE__, __LINE__) != d ||
-      v.sym_size(3).guard_int(__FILE__, __LINE__) != d || d % 8 != 0 || d > 256)
+      v.sym_size(3).guard_int(__FILE__, __LINE__) != d || d % 8 != 0 || d > (f32 ? 128 : 256))
     return math;
   const int64_t hq = q.sym_size(1).guard_int(__FILE__, __LINE__);
   const int64_t hk = k.sym_size(1).guard_int(__FILE__, __LINE__);

@@ -53,12 +53,26 @@ def test_fused_attention_reads_strided_heads_and_matches_the_unfused_product(dty
     assert err <= max(2 * ref, atol), (err, ref)
 
 
-def test_float32_attention_on_the_gpu_is_not_fused():
+def test_float32_attention_on_the_gpu_runs_saturns_kernel():
+    """Float32 runs saturn's own kernel (codegen/flash_attention.py: a FlashPlan launched,
+    nothing counted); a head dimension it does not take (12: not a multiple of 8) runs the
+    reference, counted."""
+    from saturn.codegen.flash_attention import FlashPlan
+
+    def runs() -> int:
+        plans = [p[0] for p in _PLANS.values() if not isinstance(p, str)]
+        return sum(p.runs for p in plans if isinstance(p, FlashPlan))
+
     _, (q, k, v) = heads(2, 16, 4, 8, torch.float32)
     dq, dk, dv = (t.to(GPU) for t in (q, k, v))
-    assert not fused_attention_takes(dq, dk, dv)
-    before = fallback_counts().get("saturn::attention", 0)
+    assert fused_attention_takes(dq, dk, dv)
+    before, n = fallback_counts().get("saturn::attention", 0), runs()
     got = torch.ops.saturn.attention(dq, dk, dv, 0.3)
-    # the reference ran (counted), on host copies
-    assert fallback_counts()["saturn::attention"] == before + 1
+    assert fallback_counts().get("saturn::attention", 0) == before and runs() == n + 1
+    torch.testing.assert_close(got.cpu(), unfused(q, k, v, 0.3), rtol=1e-5, atol=1e-5)
+    _, (q, k, v) = heads(2, 16, 4, 12, torch.float32)
+    dq, dk, dv = (t.to(GPU) for t in (q, k, v))
+    assert not fused_attention_takes(dq, dk, dv)
+    got = torch.ops.saturn.attention(dq, dk, dv, 0.3)
+    assert fallback_counts()["saturn::attention"] == before + 1 and runs() == n + 1
     torch.testing.assert_close(got.cpu(), unfused(q, k, v, 0.3), rtol=1e-5, atol=1e-5)
