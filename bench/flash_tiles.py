@@ -16,19 +16,14 @@ from __future__ import annotations
 import statistics
 
 import torch
+from attention import F32_SHAPES  # bench/attention.py (this script's folder)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from saturn.codegen.flash_attention import FlashPlan, Tile, config
 from saturn.codegen.gemm import Layout
 
-SHAPES = (  # B, S, H, D, causal
-    (32, 197, 3, 64, False),
-    (32, 197, 12, 64, False),
-    (8, 512, 12, 64, False),
-    (1, 4096, 16, 64, True),
-    (2, 2048, 16, 128, True),
-    (8, 512, 12, 128, False),
-)
+# attention.py's float32 shapes and one more at head size 128
+SHAPES = (*F32_SHAPES, (8, 512, 12, 128, False))
 TILES = {
     64: [Tile(8, 8, False), Tile(8, 8), Tile(8, 4)],
     128: [Tile(4, 4), Tile(4, 4, True, False)],

@@ -8,16 +8,7 @@ import time
 
 def median_us(fn, sync, repeats: int, warmup: int = 3) -> float:
     """Median wall time of ``fn(); sync()`` over ``repeats`` calls after ``warmup``, in us."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return pipelined_us(fn, sync, repeats, calls=1, warmup=warmup)
 
 
 def pipelined_us(fn, sync, repeats: int, calls: int = 20, warmup: int = 3) -> float:

@@ -367,9 +367,12 @@ class FlashPlan:
         bq = TY * tile.rows
         self.stream = stream
         self.has_bias, self.has_lse = bias is not None, stats
-        self.kernel = raw_kernel(source(d, causal, bias is not None, stats, tile), "flash_f32")
         self.shared = shared_bytes(d, tile)
-        self.kernel.max_dynamic_shared_size_bytes = self.shared
+        try:  # CuPy compiles (NVRTC) at the first attribute it needs from the module
+            self.kernel = raw_kernel(source(d, causal, bias is not None, stats, tile), "flash_f32")
+            self.kernel.max_dynamic_shared_size_bytes = self.shared
+        except Exception as e:  # a plan that cannot be built leaves the call to the math
+            raise AttentionError(f"the float32 attention kernel could not be built: {e}") from e
         self.grid = ((sq + bq - 1) // bq, b * h)
         self.block = (TY * LANES,)
         bstr = []
