@@ -324,6 +324,8 @@ def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("output", out)):
         if t.strides[3] != 1:
             raise AttentionError(f"{name}'s head dimension is not contiguous")
+    if b * h * sq * k.shape[2] == 0:  # nothing to launch over (a grid of no blocks)
+        raise AttentionError(f"q {list(q.shape)}, k {list(k.shape)}: empty operands")
     if sq >= 2**31 or k.shape[2] >= 2**31 or b * h > 65535:
         raise AttentionError(f"q {list(q.shape)}, k {list(k.shape)}: too large for the grid")
 

@@ -37,6 +37,8 @@ def test_it_takes_float32_heads_in_place_and_grouped_query_heads():
         ((2, 4, 16, 136), (2, 4, 16, 136), "up to 128"),
         ((2, 4, 16, 64), (2, 3, 16, 64), "heads"),
         ((2, 4, 16, 64), (2, 4, 16, 32), "pair"),
+        ((2, 4, 0, 64), (2, 4, 16, 64), "empty"),
+        ((2, 4, 16, 64), (2, 4, 0, 64), "empty"),
     ],
 )
 def test_it_refuses_what_it_does_not_take(q, k, why):
