@@ -119,7 +119,10 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
         also_for_gpu.gm = gm
         return real_fx(gm, *a, **kw)
 
-    # attention traced as for a GPU with cuDNN: the fused op wherever its layouts are taken
+    # attention traced as for a GPU with cuDNN: the fused op wherever its layouts are taken.
+    # Half types only: float32 attention is one step on a GPU too (decision 0115), but the
+    # device's choice (csrc/attention.cpp) keeps aten's math on saturn:0, where this plans,
+    # so float32 plans here show the math's products and softmax instead
     real_device = sdpa.on_fused_device
     backend.compile_cached, backend.compile_fx = also_for_gpu, capture
     sdpa.on_fused_device = lambda *ts: True
