@@ -133,7 +133,6 @@ if __name__ == "__main__":
     for shape in F32_SHAPES:
         print(f32_row(*shape))
     print()
-    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(
         f"{'B x S x H x D':>18s} {'torch CUDA us':>14s} {'saturn fused us':>16s} "
         f"{'max |fused - torch|':>20s}"

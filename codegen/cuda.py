@@ -303,8 +303,7 @@ def _casts_to_half(k: Kernel) -> bool:
 def _half_head(needed: bool) -> str:
     if not needed:
         return ""
-    head = "\nfrom saturn.codegen.halfbits import bits_f32, f32_bf16, f32_bits\n"
-    return head + half_helpers(DEVICE_FN)
+    return "\nfrom saturn.codegen.halfbits import bits_f32, f32_bf16\n" + half_helpers(DEVICE_FN)
 
 
 def generate_split(k: Kernel, narrow: bool = False) -> tuple[Generated, Generated]:

@@ -4,14 +4,14 @@ memory: ``f32_bits(x)`` and ``bits_f32(u)`` are one LLVM bitcast each (no instru
 Numba has no bfloat16 type and no bitcast between float and integer scalars. A bfloat16
 is the upper half of a float32, so a kernel loads its 16 bits as a uint16 and widens them
 with ``bits_f32(u << 16)``, and stores a float32 rounded to nearest even through
-``f32_bits``. Under Numba's CUDA simulator (CI, no GPU) the same names are numpy views.
+``f32_bf16``. Under Numba's CUDA simulator (CI, no GPU) the same names are numpy views.
 
 ``f32_bf16(x)`` is the bits of the bfloat16 nearest a float32 (ties to even; any NaN to
 0x7FFF, as PyTorch's CUDA conversion stores it). From compute capability 8.0 it is the
 hardware's one conversion, ``cvt.rn.bf16.f32``, as inline PTX (libNVVM has no bfloat16
 intrinsic); for an older target, and under the simulator, the same in 32-bit integer arithmetic
-(written in Python, Numba widens it to 64 bits: a bfloat16 GELU-and-add loop was 714 PTX
-instructions against 394 in float32, decision 0114).
+(written in Python, Numba widens it to 64 bits: a bfloat16 GELU-and-add loop was 713 PTX
+instructions against 393 in float32, decision 0114).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def _simulated():
 
 
 def _hardware_bf16() -> bool:
-    """Whether the kernel being built (``cubins.ptx``; else the current device's) has
-    ``cvt.rn.bf16.f32``."""
+    """Whether the kernel being built has ``cvt.rn.bf16.f32``: its target as ``cubins.ptx``
+    builds it (every generated kernel is built there); a build outside it is taken to be
+    for 8.0 or newer, as every GPU saturn runs on is."""
     from .cubins import HARDWARE_BF16, _building
 
     cc = getattr(_building, "cc", None)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from saturn.codegen import flash_attention
 from saturn.codegen.attention import AttentionError, AttentionPlan, check_bias, check_operands
 from saturn.codegen.conv import cudnn_unavailable
+from saturn.codegen.flash_attention import FlashPlan
 from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
 
@@ -27,7 +30,7 @@ from .dtypes import DTYPES
 
 log = logging.getLogger("saturn")
 
-_PLANS: dict[tuple, tuple[AttentionPlan | flash_attention.FlashPlan, torch.Tensor] | str] = {}
+_PLANS: dict[tuple, tuple[AttentionPlan | FlashPlan, torch.Tensor] | str] = {}
 _LOCK = threading.Lock()
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # cuDNN's; saturn's float32
 
@@ -49,28 +52,39 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
         return False
     if q.dtype not in KERNEL_DTYPES or q.dim() != 4 or v.dim() != 4:
         return False
-    if q.dtype != torch.float32 and cudnn_unavailable() is not None:
+    if missing(q.dtype) is not None:
         return False
     if v.shape[-1] != q.shape[-1]:  # a custom op's output is typed like its first operand
         return False
     out = Layout(DTYPES[q.dtype], tuple(q.shape), packed_strides(tuple(q.shape)))
     try:
-        checks(q.dtype)[0](_layout(q), _layout(k), _layout(v), out)
+        kernel(q.dtype).check_operands(_layout(q), _layout(k), _layout(v), out)
     except AttentionError:
         return False
     return True
 
 
-def checks(dtype: torch.dtype):
-    """(operand check, bias check) of the kernel that runs ``dtype``: cuDNN's for half
-    types, saturn's own float32 kernel (``codegen/flash_attention.py``) for float32."""
-    if dtype == torch.float32:
-        return flash_attention.check_operands, flash_attention.check_bias
-    return check_operands, check_bias
+class Kernel(NamedTuple):
+    """The fused kernel of one dtype: what it takes, and the plan that runs it."""
+
+    check_operands: Callable
+    check_bias: Callable
+    plan: type
 
 
-def _plan_class(dtype: str):
-    return flash_attention.FlashPlan if dtype == "f32" else AttentionPlan
+# cuDNN's for half types (codegen/attention.py), saturn's own for float32 (decision 0115)
+_CUDNN = Kernel(check_operands, check_bias, AttentionPlan)
+_FLASH = Kernel(flash_attention.check_operands, flash_attention.check_bias, FlashPlan)
+
+
+def kernel(dtype: torch.dtype) -> Kernel:
+    return _FLASH if dtype == torch.float32 else _CUDNN
+
+
+def missing(dtype: torch.dtype) -> str | None:
+    """Why ``dtype``'s fused kernel cannot run here (cuDNN's frontend absent), or None:
+    saturn's float32 kernel needs nothing beyond what its GPUs need."""
+    return None if kernel(dtype) is _FLASH else cudnn_unavailable()
 
 
 def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
@@ -86,7 +100,7 @@ def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> boo
             stream = torch.saturn.stream_handle(index)
             try:
                 with torch.saturn.device(index):
-                    plan = _plan_class(layouts[0].dtype)(
+                    plan = kernel(q.dtype).plan(
                         *layouts,
                         scale,
                         stream,

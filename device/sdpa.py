@@ -35,7 +35,6 @@ import math
 import torch
 
 from saturn.codegen.attention import AttentionError
-from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.gemm import Layout
 
 from .custom_ops import count_fallback, custom_op
@@ -45,7 +44,8 @@ from .fused_attention import (
     _PLANS,  # noqa: F401 (tests read _PLANS)
     KERNEL_DTYPES,
     _layout,
-    checks,
+    kernel,
+    missing,
 )
 from .fused_attention import run_fused as _run_fused
 
@@ -116,11 +116,11 @@ def layouts_take(q, k, v, bias=None) -> bool:
     if q.dim() != 4 or v.dim() != 4 or v.shape[-1] != q.shape[-1]:
         return False
     out = Layout(DTYPES[q.dtype], tuple(q.shape), _out_strides(tuple(q.shape)))
-    check_operands, check_bias = checks(q.dtype)
+    fused = kernel(q.dtype)
     try:
-        check_operands(_layout(q), _layout(k), _layout(v), out)
+        fused.check_operands(_layout(q), _layout(k), _layout(v), out)
         if bias is not None:
-            check_bias(_layout(q), _layout(k), _layout(bias))
+            fused.check_bias(_layout(q), _layout(k), _layout(bias))
     except AttentionError:
         return False
     return True
@@ -141,7 +141,7 @@ def on_fused_device(*ts: torch.Tensor) -> bool:
     """Where a fused kernel can run: saturn GPU tensors, cuDNN present for half types
     (float32 runs saturn's own kernel)."""
     on_gpu = all(t.device.type == "saturn" and t.device.index >= 1 for t in ts)
-    return on_gpu and (ts[0].dtype == torch.float32 or cudnn_unavailable() is None)
+    return on_gpu and missing(ts[0].dtype) is None
 
 
 def fused_takes(q, k, v, bias=None) -> bool:
