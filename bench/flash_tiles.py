@@ -19,15 +19,21 @@ import torch
 from attention import F32_SHAPES  # bench/attention.py (this script's folder)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from saturn.codegen.flash_attention import FlashPlan, Tile, config
+from saturn.codegen.flash_attention import FlashPlan, MmaTile, Tile, config
 from saturn.codegen.gemm import Layout
 
 # attention.py's float32 shapes and one more at head size 128
 SHAPES = (*F32_SHAPES, (8, 512, 12, 128, False))
 TILES = {
-    64: [Tile(8, 8, False), Tile(8, 8), Tile(8, 4)],
-    128: [Tile(4, 4), Tile(4, 4, True, False)],
+    64: [Tile(8, 8), MmaTile(4, 64), MmaTile(4, 32, 3), MmaTile(4, 64, 1, 2), MmaTile(4, 32, 2, 2)],
+    128: [Tile(4, 4), MmaTile(4, 32), MmaTile(8, 32, 1), MmaTile(4, 32, 1, 2)],
 }
+
+
+def name(tile) -> str:
+    if isinstance(tile, MmaTile):  # tensor cores: warps, keys a step
+        return f"mma{tile.warps}w{tile.keys}k{tile.mtiles}m{tile.blocks}b"
+    return f"{tile.rows}x{tile.cols}{'p' if tile.pipelined else ''}{'2' if tile.exp2 else ''}"
 
 
 def device_us(fn, calls: int = 20, runs: int = 7) -> float:
@@ -73,9 +79,10 @@ def row(b: int, s: int, h: int, d: int, causal: bool) -> None:
         t = device_us(lambda plan=plan, ptrs=ptrs: plan.run(ptrs))
         err = (out - want).abs().max().item()
         e64 = (out.cpu().double() - ref).abs().max().item() if ref is not None else float("nan")
-        mark = "*" if tile == config(d) else " "
-        name = f"{tile.rows}x{tile.cols}{'p' if tile.pipelined else ''}{'2' if tile.exp2 else ''}"
-        cells.append(f"{mark}{name} {t:8.1f} ({t_torch / t:4.2f}x, {err:.1e}, {e64:.1e})")
+        cc, sms = torch.cuda.get_device_capability(), torch.cuda.get_device_properties(0)
+        chosen = config(d, 10 * cc[0] + cc[1], s, b * h, sms.multi_processor_count)
+        mark = "*" if tile == chosen else " "
+        cells.append(f"{mark}{name(tile)} {t:8.1f} ({t_torch / t:4.2f}x, {err:.1e}, {e64:.1e})")
     shape = f"{b}x{s}x{h}x{d}{' causal' if causal else ''}"
     head = f"{shape:>22s} torch {t_torch:8.1f} math {t_math:8.1f} | "
     print(head + " | ".join(cells), flush=True)
@@ -84,7 +91,8 @@ def row(b: int, s: int, h: int, d: int, causal: bool) -> None:
 if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print("tile: rows x cols, p = pipelined copies, 2 = exp2; * = config(d); us per launch")
+    print("tile: rows x cols, p = pipelined copies, 2 = exp2 (CUDA cores); mma: warps, keys a")
+    print("step (tensor cores, three TF32 products); * = config(d, cc); us per launch")
     print("(x torch's memory-efficient kernel, max |saturn - torch|, max |saturn - float64|)")
     for shape in SHAPES:
         row(*shape)

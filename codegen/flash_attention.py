@@ -1,7 +1,9 @@
 """Float32 scaled dot-product attention as one kernel of saturn's own (flash attention):
 ``out = softmax(scale * q @ k^T + bias) @ v`` over [B, H, S, D] operands, optionally
 causal (PyTorch's top-left alignment), for what cuDNN's fused kernels do not take (they
-take half types only, ``attention.py``).
+take half types only, ``attention.py``). From compute capability 8.0 both products run on
+tensor cores in three TF32 products each (``flash_mma.py``, which ``config`` picks and
+``FlashPlan`` launches); this module's own kernel, on the CUDA cores, is for older cards.
 
 A block of 128 threads owns up to 128 query rows of one (batch, head) and walks the keys 64
 at a time, never writing the [Sq, Skv] scores: it keeps each row's running maximum and sum
@@ -27,7 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import flash_mma
 from .attention import AttentionError
+from .flash_mma import MmaTile
 from .gemm import Layout, raw_kernel
 
 HEAD_DIM_MAX = 128
@@ -49,13 +53,31 @@ class Tile:
     exp2: bool = True
 
 
-def config(d: int) -> Tile:
-    """The tile for head dimension ``d``: 8 x 8 scores up to 64 (a block owns 128 query rows
-    and steps 64 keys at a time); 4 x 4 above, where the output's 4 x d / 8 accumulators
-    and the tiles' shared memory (two blocks a SM) allow no more."""
+def config(d: int, cc: int = 0, rows: int = 0, heads: int = 0, sms: int = 0) -> Tile | MmaTile:
+    """The tile for head dimension ``d`` on a card of compute capability ``cc`` (80 for
+    8.0; 0: unknown) with ``sms`` multiprocessors, for ``rows`` query rows in each of
+    ``heads`` (batch x head) slices (``bench/flash_tiles.py`` measured each choice):
+
+    - from 8.0, the tensor-core kernel (``flash_mma.py``), 32 keys a step. Up to head size
+      64, a warp owns two 16-row tiles (each key and value fragment serves both) and two
+      blocks share a SM, unless that makes fewer than two blocks a SM: then one tile a warp
+      and three blocks a SM. Above 64, two tiles a warp and one block a SM (the registers);
+    - below 8.0, or unknown, the CUDA-core kernel without the pipelined copies: 8 x 8
+      scores at head size 64 (a block owns 128 query rows and steps 64 keys at a time);
+      4 x 4 otherwise, where the registers (no spills on sm_75) and the shared memory (two
+      blocks a SM) allow no more. Not timed: no such card was at hand."""
     if d % LANES or d > HEAD_DIM_MAX:
         raise AttentionError(f"head dimension {d}: a multiple of {LANES} up to {HEAD_DIM_MAX}")
-    return Tile(8, 8) if d <= 64 else Tile(4, 4)
+    if cc >= 80:
+        if d > 64:
+            return MmaTile(4, 32, blocks=1, mtiles=2)
+        wide = MmaTile(4, 32, blocks=2, mtiles=2)
+        if -(-rows // wide.rows) * heads >= 2 * sms:
+            return wide
+        return MmaTile(4, 32, blocks=3, mtiles=1)
+    # cp.async (the pipelined copies) needs 8.0 too; 8 x 8 spills registers on sm_75 at
+    # head sizes 16 to 48 (tests/codegen/test_flash_attention.py compiles each)
+    return Tile(8, 8, pipelined=False) if d == 64 else Tile(4, 4, pipelined=False)
 
 
 def shared_bytes(d: int, tile: Tile) -> int:
@@ -340,6 +362,14 @@ def check_bias(q: Layout, k: Layout, bias: Layout) -> None:
         raise AttentionError(f"bias {list(bias.shape)} for q {list(q.shape)}, k {list(k.shape)}")
 
 
+def _device() -> tuple[int, int]:
+    """The current CUDA device's compute capability (90 for 9.0) and multiprocessors."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    return int(dev.compute_capability), int(dev.attributes["MultiProcessorCount"])
+
+
 class FlashPlan:
     """``out = softmax(scale * q @ k^T + bias) @ v`` (causal if asked) for fixed layouts,
     on saturn's stream; ``stats`` asks for each row's log-sum-exp ([B, H, Sq] float32,
@@ -359,24 +389,34 @@ class FlashPlan:
         bias: Layout | None = None,
         causal: bool = False,
         stats: bool = False,
-        tile: Tile | None = None,
+        tile: Tile | MmaTile | None = None,
     ):
         check_operands(q, k, v, out)
         if bias is not None:
             check_bias(q, k, bias)
         b, h, sq, d = q.shape
-        tile = tile or config(d)
-        bq = TY * tile.rows
         self.stream = stream
         self.has_bias, self.has_lse = bias is not None, stats
-        self.shared = shared_bytes(d, tile)
         try:  # CuPy compiles (NVRTC) at the first attribute it needs from the module
-            self.kernel = raw_kernel(source(d, causal, bias is not None, stats, tile), "flash_f32")
+            if tile is None:
+                cc, sms = _device()
+                tile = config(d, cc, sq, b * h, sms)
+            self.tile = tile
+            has_bias = bias is not None
+            if isinstance(tile, MmaTile):
+                bq, threads = tile.rows, 32 * tile.warps
+                self.shared = flash_mma.shared_bytes(d, tile)
+                src, name = flash_mma.source(d, causal, has_bias, stats, tile), flash_mma.KERNEL
+            else:
+                bq, threads = TY * tile.rows, TY * LANES
+                self.shared = shared_bytes(d, tile)
+                src, name = source(d, causal, has_bias, stats, tile), "flash_f32"
+            self.kernel = raw_kernel(src, name)
             self.kernel.max_dynamic_shared_size_bytes = self.shared
         except Exception as e:  # a plan that cannot be built leaves the call to the math
             raise AttentionError(f"the float32 attention kernel could not be built: {e}") from e
         self.grid = ((sq + bq - 1) // bq, b * h)
-        self.block = (TY * LANES,)
+        self.block = (threads,)
         bstr = []
         if bias is not None:  # a broadcast axis of size 1 is read at index 0 whatever its stride
             bstr = [0 if n == 1 else s for n, s in zip(bias.shape, bias.strides, strict=True)]

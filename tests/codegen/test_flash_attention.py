@@ -56,12 +56,41 @@ def test_a_strided_head_axis_and_a_bias_of_the_wrong_shape_are_refused():
         fa.check_bias(q, q, packed((1, 2, 8, 9)))
 
 
-@pytest.mark.parametrize("d", [8, 40, 64, 128])
-def test_each_tile_compiles_without_spills_for_two_blocks_a_sm(d):
+# (compute capability, query rows, batch x heads): an older card; a small grid; a large one
+MACHINES = [(75, 512, 96), (90, 197, 96), (90, 512, 96)]
+
+
+def chosen(d: int, cc: int, rows: int, heads: int):
+    return fa.config(d, cc, rows, heads, sms=132)
+
+
+def test_the_tile_follows_the_card_and_the_grid():
+    assert isinstance(chosen(64, 75, 512, 96), fa.Tile)  # no TF32 tensor cores before 8.0
+    assert isinstance(fa.config(64), fa.Tile)  # an unknown card
+    wide, narrow = chosen(64, 90, 512, 96), chosen(64, 90, 197, 32)
+    assert (wide.mtiles, wide.blocks) == (2, 2)  # 4 x 96 blocks: two a SM or more
+    assert (narrow.mtiles, narrow.blocks) == (1, 3)  # 2 x 32 blocks would leave SMs idle
+    assert chosen(128, 90, 512, 96).mtiles == 2
+
+
+@pytest.mark.parametrize("machine", MACHINES, ids=["sm75", "small-grid", "large-grid"])
+@pytest.mark.parametrize("d", [8, 16, 40, 64, 128])
+def test_each_tile_compiles_without_spills_for_its_blocks_a_sm(d, machine):
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    src = fa.source(d, causal=True, bias=True, lse=True).encode()
-    err, prog = nvrtc.nvrtcCreateProgram(src, b"flash.cu", 0, [], [])
-    (err,) = nvrtc.nvrtcCompileProgram(prog, 2, [b"-arch=sm_90", b"-Xptxas=-v"])
+    tile = chosen(d, *machine)
+    if isinstance(tile, fa.MmaTile):
+        src, threads, blocks = (
+            fa.flash_mma.source(d, True, True, True, tile),
+            32 * tile.warps,
+            tile.blocks,
+        )
+        smem = fa.flash_mma.shared_bytes(d, tile)
+    else:
+        src, threads, blocks = fa.source(d, True, True, True, tile), fa.TY * fa.LANES, 2
+        smem = fa.shared_bytes(d, tile)
+    arch = b"-arch=sm_90" if machine[0] >= 80 else b"-arch=sm_75"
+    err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"flash.cu", 0, [], [])
+    (err,) = nvrtc.nvrtcCompileProgram(prog, 2, [arch, b"-Xptxas=-v"])
     _, n = nvrtc.nvrtcGetProgramLogSize(prog)
     log = bytearray(n)
     nvrtc.nvrtcGetProgramLog(prog, log)
@@ -69,5 +98,5 @@ def test_each_tile_compiles_without_spills_for_two_blocks_a_sm(d):
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, text
     assert re.search(r"\b0 bytes spill stores", text), text
     regs = int(re.search(r"Used (\d+) registers", text).group(1))
-    assert regs * fa.TY * fa.LANES * 2 <= 65536  # two blocks a SM by registers
-    assert 2 * fa.shared_bytes(d, fa.config(d)) <= 228 * 1024  # and by shared memory
+    assert regs * threads * blocks <= 65536  # its blocks a SM by registers
+    assert blocks * smem <= 228 * 1024  # and by shared memory
