@@ -133,12 +133,7 @@ __device__ __forceinline__ void load_tile(float* dst, const float* src, long lon
 #endif
 
 extern "C" __global__ void __launch_bounds__(NT, 2) flash_f32(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    float* __restrict__ out, const float* __restrict__ bias, float* __restrict__ lse,
-    int H, int G, int Sq, int Skv, float scale,
-    long long qsb, long long qsh, long long qss, long long ksb, long long ksh, long long kss,
-    long long vsb, long long vsh, long long vss, long long osb, long long osh, long long oss,
-    long long bsb, long long bsh, long long bsq, long long bsk) {
+    PARAMS) {
   extern __shared__ __align__(16) float smem[];
   float* Qs = smem;            // [BQ][DP]
   float* Ks = Qs + BQ * DP;    // [BK][DP]
@@ -321,7 +316,9 @@ def source(d: int, causal: bool, bias: bool, lse: bool, tile: Tile | None = None
     defs = {"D": d, "RM": tile.rows, "CN": tile.cols, "TY": TY, "LANES": LANES}
     defs |= {"PIPELINED": int(tile.pipelined), "EXP2": int(tile.exp2)}
     defs |= {"CAUSAL": int(causal), "HAS_BIAS": int(bias), "HAS_LSE": int(lse)}
-    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + _SOURCE
+    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + _SOURCE.replace(
+        "PARAMS", flash_mma.PARAMS
+    )
 
 
 def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:

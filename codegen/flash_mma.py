@@ -53,6 +53,16 @@ def check(d: int, tile: MmaTile) -> None:
         raise AttentionError(f"head dimension {d}, tile {tile}: multiples of 8")
 
 
+# Both kernels' parameters, in the order ``FlashPlan.run`` passes them: the operands' and
+# output's pointers, sizes, the scale, then the strides of batch, head and row (q, k, v, out)
+# and of the bias's four axes (0 where it broadcasts)
+PARAMS = """const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    float* __restrict__ out, const float* __restrict__ bias, float* __restrict__ lse,
+    int H, int G, int Sq, int Skv, float scale,
+    long long qsb, long long qsh, long long qss, long long ksb, long long ksh, long long kss,
+    long long vsb, long long vsh, long long vss, long long osb, long long osh, long long oss,
+    long long bsb, long long bsh, long long bsq, long long bsk"""
+
 # Fragments (PTX ISA, mma.m16n8k8 .tf32): lane = 4 g + t. A (16 x 8, row major): a0 (g, t),
 # a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4). B (8 x 8, column major): b0 (t, g),
 # b1 (t + 4, g). C (16 x 8): c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
@@ -116,12 +126,7 @@ __device__ __forceinline__ void load_tile(float* dst, int ds, const float* src, 
 }
 
 extern "C" __global__ void __launch_bounds__(NT, MINB) flash_f32_mma(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    float* __restrict__ out, const float* __restrict__ bias, float* __restrict__ lse,
-    int H, int G, int Sq, int Skv, float scale,
-    long long qsb, long long qsh, long long qss, long long ksb, long long ksh, long long kss,
-    long long vsb, long long vsh, long long vss, long long osb, long long osh, long long oss,
-    long long bsb, long long bsh, long long bsq, long long bsk) {
+    PARAMS) {
   extern __shared__ __align__(16) float smem[];
   float* Qs = smem;          // [BQ][DQ]
   float* Ks = Qs + BQ * DQ;  // [BK][DQ]
@@ -289,4 +294,6 @@ def source(d: int, causal: bool, bias: bool, lse: bool, tile: MmaTile) -> str:
     check(d, tile)
     defs = {"D": d, "NW": tile.warps, "MT": tile.mtiles, "BK": tile.keys, "MINB": tile.blocks}
     defs |= {"CAUSAL": int(causal), "HAS_BIAS": int(bias), "HAS_LSE": int(lse)}
-    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + _SOURCE
+    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + _SOURCE.replace(
+        "PARAMS", PARAMS
+    )
