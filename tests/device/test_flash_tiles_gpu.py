@@ -22,6 +22,7 @@ TILES = {
     "mma-16-rows": MmaTile(4, 32, blocks=3, mtiles=1),
     "mma-2x16-rows-one-block": MmaTile(4, 32, blocks=1, mtiles=2),
     "mma-64-keys": MmaTile(4, 64),
+    "mma-8-warps-2x16-rows": MmaTile(8, 32, blocks=1, mtiles=2),
 }
 # (batch, query heads, key heads, Sq, Skv, d, causal, mask)
 CASES = {
