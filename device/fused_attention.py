@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -140,4 +141,6 @@ attention = custom_op(
     dtypes=KERNEL_DTYPES,
     host=_run,
     when=fused_attention_takes,
+    # attention written out (softmax(q @ k^T * c) @ v) as this op: rewrites=["attention"]
+    pattern=Path(__file__).with_name("attention.egg"),
 )

@@ -14,7 +14,9 @@ import heapq
 
 from . import optable as ot
 from .egraph import EGraphView
-from .extract import Choice, CostModel, _check_roots, _Extractor
+from .extract import MOVEMENT, Choice, CostModel, _check_roots, _Extractor
+
+_THROUGH = ("ToDev", *MOVEMENT)  # what an operand of a pattern's kernel may be read through
 
 
 class _LiveProgram:
@@ -282,9 +284,15 @@ def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> li
             cons = next((e for e in view.classes[lst] if e.op == "TCons"), None)
             if cons is None:
                 break
-            head = cons.kids[0]
-            stop.add(head)
-            stop.update(e.kids[0] for e in view.classes[head] if e.op == "ToDev")
+            # an operand and what it is a view of (a transposed, expanded key): the
+            # operand's, not the written-out computation's inner values
+            todo = [cons.kids[0]]
+            while todo:
+                x = todo.pop()
+                if x in stop:
+                    continue
+                stop.add(x)
+                todo.extend(e.kids[0] for e in view.classes[x] if e.op in _THROUGH)
             lst = cons.kids[1]
         written = [c, host_of.get(c, c)]
         inner: set[int] = set()

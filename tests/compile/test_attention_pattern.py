@@ -1,0 +1,112 @@
+"""Attention written out in PyTorch (``softmax(q @ k^T * c) @ v``) found by the e-graph and
+compiled as one ``saturn::attention`` kernel (``device/attention.egg``, opt-in:
+rewrites=["attention"]), with results equal to eager CPU's; and every form the pattern must
+not take left written out: another softmax axis, a mask, dropout, a value head size unlike
+the query's, float64, a scale that is not finite, and the ruleset not asked for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import saturn  # noqa: F401
+from saturn import backend
+from saturn.custom_ops import fallback_counts
+
+F = torch.nn.functional
+
+
+def last_program():
+    return list(backend.CACHE.items.values())[-1].compiled.program
+
+
+def attention_kernels(prog) -> list:
+    return [
+        k for k in prog.kernels if k.kind == "custom" and k.attrs["name"] == "saturn::attention"
+    ]
+
+
+def written(q, k, v, c: float = 0.125):
+    return torch.softmax(q @ k.transpose(-2, -1) * c, dim=-1) @ v
+
+
+def compiled(fn, dev: str, args, rewrites=("attention",)):
+    torch._dynamo.reset()
+    g = torch.compile(fn, backend="saturn", options={"rewrites": list(rewrites)}, dynamic=False)
+    before = len(backend.CACHE.fallbacks)
+    out = g(*(a.to(dev) for a in args))
+    assert backend.CACHE.fallbacks[before:] == [], backend.CACHE.fallbacks[before:]
+    return out, last_program()
+
+
+def qkv(b=2, h=4, s=16, t=24, d=32, dv=None, kv_batch=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, s, d, generator=gen, dtype=dtype)
+    k = torch.randn(kv_batch or b, h, t, d, generator=gen, dtype=dtype)
+    v = torch.randn(kv_batch or b, h, t, dv or d, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("shape", [{}, {"s": 1, "t": 77, "d": 8}, {"b": 1, "h": 12, "s": 197}])
+def test_written_out_attention_is_one_kernel(dev, shape):
+    args = qkv(**shape)
+    calls = fallback_counts().get("saturn::attention", 0)
+    got, prog = compiled(written, dev, args)
+    torch.testing.assert_close(got.cpu(), written(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
+    assert prog.count("host") == 0
+    ran_reference = fallback_counts().get("saturn::attention", 0) - calls
+    assert ran_reference == (1 if dev == "saturn:0" else 0)  # saturn:0 runs its reference
+
+
+def test_a_broadcast_key_and_value_are_read_through_their_expand():
+    args = qkv(b=3, kv_batch=1)
+
+    def f(q, k, v):
+        return written(q, k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1))
+
+    got, prog = compiled(f, "saturn:0", args)
+    torch.testing.assert_close(got.cpu(), f(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog)) == 1, prog.to_text()
+
+
+def declined(fn, args, rewrites=("attention",)):
+    got, prog = compiled(fn, "saturn:0", args, rewrites)
+    assert attention_kernels(prog) == [], prog.to_text()
+    return got
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["no-rewrites", "softmax-over-queries", "additive-mask", "value-head-size", "float64", "inf"],
+)
+def test_the_pattern_declines_what_it_does_not_take(form):
+    args = qkv(dv=16) if form == "value-head-size" else qkv()
+    if form == "float64":
+        args = qkv(dtype=torch.float64)
+    mask = torch.randn(2, 1, 16, 24)
+    fns = {
+        "no-rewrites": written,
+        "softmax-over-queries": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -2) @ v,
+        "additive-mask": lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) + m, -1) @ v,
+        "value-head-size": written,
+        "float64": written,
+        "inf": lambda q, k, v: written(q, k, v, float("inf")),
+    }
+    fn = fns[form]
+    if form == "additive-mask":
+        args = (*args, mask)
+    got = declined(fn, args, rewrites=() if form == "no-rewrites" else ("attention",))
+    want = fn(*args)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_dropout_between_the_products_declines():
+    args = qkv()
+
+    def f(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)
+        return F.dropout(p, 0.5, training=True) @ v
+
+    got = declined(f, args)
+    assert got.shape == (2, 4, 16, 32)
