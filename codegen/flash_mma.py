@@ -10,8 +10,9 @@ below 2^-22 of the product and is dropped, so each product keeps about float32's
 cards). Accumulation is float32 throughout. TF32 alone (PyTorch's ``allow_tf32``) is never
 used: the result stays within float32's rounding of the math, as the tests check.
 
-Layout: a block of ``warps`` warps owns 16 query rows per warp of one (batch, head) and
-walks the keys ``keys`` at a time. The query, key and value tiles sit in shared memory
+Layout: a block of ``warps`` warps owns ``mtiles`` 16-row tiles of queries per warp, of one
+(batch, head), and walks the keys ``keys`` at a time; exponentials are ``ex2.approx`` of
+scores scaled by log2(e). The query, key and value tiles sit in shared memory
 (rows padded so that the fragments' reads fall in distinct banks: +4 floats where a
 fragment reads a row per lane group, +8 where it reads a column), the key and value tiles
 copied with ``cp.async`` while the block computes. A warp's probabilities go through its
@@ -27,8 +28,8 @@ from .attention import AttentionError
 
 @dataclass(frozen=True)
 class MmaTile:
-    """``warps`` warps a block (16 query rows each); ``keys`` keys a step; ``blocks``:
-    the blocks a SM that the kernel's registers must allow."""
+    """``warps`` warps a block, each owning ``mtiles`` tiles of 16 query rows; ``keys``
+    keys a step; ``blocks``: the blocks a SM that the kernel's registers must allow."""
 
     warps: int = 4
     keys: int = 64
@@ -42,8 +43,8 @@ class MmaTile:
 
 
 def shared_bytes(d: int, tile: MmaTile) -> int:
-    """Query and key tiles [rows][d + 4], the value tile [keys][d + 8], and each warp's
-    probabilities [16][keys + 4], in float32."""
+    """The query tile [rows][d + 4], the key tile [keys][d + 4], the value tile
+    [keys][d + 8], and each warp's probabilities [16 x mtiles][keys + 4], in float32."""
     bq = tile.rows
     return 4 * (bq * (d + 4) + tile.keys * (d + 4) + tile.keys * (d + 8) + bq * (tile.keys + 4))
 
