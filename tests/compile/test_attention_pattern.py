@@ -110,3 +110,31 @@ def test_dropout_between_the_products_declines():
 
     got = declined(f, args)
     assert got.shape == (2, 4, 16, 32)
+
+
+def test_the_query_scaled_first_is_the_same_kernel():
+    args = qkv()
+
+    def f(q, k, v):
+        return torch.softmax((q * 0.125) @ k.transpose(-2, -1), dim=-1) @ v
+
+    got, prog = compiled(f, "saturn:0", args)
+    torch.testing.assert_close(got.cpu(), f(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
+
+
+def test_timms_unfused_attention_becomes_the_kernel():
+    """timm's ViT with its fused path off writes attention out as ``(q * scale) @ k^T``, a
+    softmax and a product: each block's becomes one kernel, and the model's output is
+    eager's."""
+    timm = pytest.importorskip("timm", reason="the zoo extra is not installed")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2).eval()
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        got, prog = compiled(model.to("saturn:0"), "saturn:0", (x,))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog)) == 2, prog.to_text()
