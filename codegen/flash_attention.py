@@ -398,7 +398,6 @@ class FlashPlan:
             if tile is None:
                 cc, sms = _device()
                 tile = config(d, cc, sq, b * h, sms)
-            self.tile = tile
             has_bias = bias is not None
             if isinstance(tile, MmaTile):
                 bq, threads = tile.rows, 32 * tile.warps

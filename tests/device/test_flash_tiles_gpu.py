@@ -6,6 +6,8 @@ eager CPU in float32 (the tests' 1e-5), and the plan's launch counter proves it 
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention as attention
@@ -46,7 +48,7 @@ def test_each_tile_is_the_math(tile, case):
     b, h, hk, sq, skv, d, causal, mask = CASES[case]
     if isinstance(TILES[tile], Tile) and (d > 64) != (TILES[tile].rows == 4):
         pytest.skip("config gives the CUDA-core tiles by head size: 8 x 8 up to 64, 4 x 4 above")
-    gen = torch.Generator().manual_seed(hash(case) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(case.encode()))  # the same in every process
     q = torch.randn(b, h, sq, d, generator=gen)
     k, v = (torch.randn(b, hk, skv, d, generator=gen) for _ in range(2))
     bias = None
