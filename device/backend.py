@@ -193,7 +193,11 @@ def compile_fx(
 
     rules = [*opts.rules, *pattern_files(list(opts.rewrites))]
     if imported.custom_nodes:
-        rules.append(_generated_rules(placement_rules(imported.custom_nodes, imported.graph)))
+        rules.append(
+            _generated_rules(
+                placement_rules(imported.custom_nodes, imported.graph, imported.replaced)
+            )
+        )
     compiled, from_disk = compile_cached(
         imported.graph,
         rules=rules,

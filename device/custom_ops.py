@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from saturn.eqsat.errors import EqsatError
-from saturn.eqsat.graph import Graph, parse_graph
+from saturn.eqsat.graph import Graph, Node, parse_graph
 
 from .dtypes import DTYPES
 from .eager_registry import impl
@@ -530,9 +530,15 @@ def resolve(name: str, host_calls: dict) -> tuple[CustomOp, Callable[[list, int]
     return op, build
 
 
-def placement_rules(custom_nodes: dict[str, int], graph: Graph) -> str:
+def placement_rules(
+    custom_nodes: dict[str, int], graph: Graph, replaced: dict[str, Node] | None = None
+) -> str:
     """egglog rules placing each custom-op node on the device as one ``Custom`` kernel (the
-    importer has checked its dtypes and that its output is typed like its first operand)."""
+    importer has checked its dtypes and that its output is typed like its first operand).
+    A node that replaces an ATen op also states which op-table term it stands for."""
+    from saturn.eqsat.egraph import node_term
+
+    replaced = replaced or {}
     lines = ["(ruleset custom-placement)"]
     for name, arity in sorted(custom_nodes.items()):
         node = graph.nodes[name]
@@ -543,9 +549,13 @@ def placement_rules(custom_nodes: dict[str, int], graph: Graph) -> str:
         for x in reversed(xs):
             host = f"(TCons {x} {host})"
             dev = f"(TCons (ToDev {x}) {dev})"
+        stands = ""
+        if (shadow := replaced.get(name)) is not None and set(shadow.args) <= set(node.args):
+            names = {a: f"a{node.args.index(a)}" for a in shadow.args}
+            stands = f" (stands-for e {node_term(shadow, graph, names)})"
         lines.append(
             f'(rule ((= e (Opaque "{label}" u {host}))) '
-            f'((union e (ToHost (Custom "{label}" {dev} 0)))) '
+            f'((union e (ToHost (Custom "{label}" {dev} 0))){stands}) '
             f':ruleset custom-placement :name "place-custom-{label}")'
         )
     return "\n".join(lines) + "\n"

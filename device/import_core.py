@@ -55,6 +55,8 @@ class Imported:
     host_calls: dict[str, HostCall] = field(default_factory=dict)
     fx_names: dict[str, str] = field(default_factory=dict)  # graph node -> FX node
     custom_nodes: dict[str, int] = field(default_factory=dict)  # placed as Custom kernels
+    # a node a custom op replaces -> the op-table node it stands in for (not in the graph)
+    replaced: dict[str, Node] = field(default_factory=dict)
     symbols: dict[str, int] = field(default_factory=dict)  # symbolic size -> its marker
     # sizes used as values: a leading int64 0-d input each (in ``inputs``), made per call
     # from its expression over the symbols (saturn.symbolic)
@@ -145,6 +147,7 @@ class Importer:
         self.host_calls: dict[str, HostCall] = {}
         self.fx_names: dict[str, str] = {}
         self.custom_nodes: dict[str, int] = {}  # node -> tensor operands (device custom ops)
+        self.replaced: dict[str, Node] = {}  # a replaced node -> the op-table node it replaces
         self.results: dict[str, tuple[str, ...]] = {}  # a multi-result node -> each result
         self.size_values: dict[str, object] = {}  # graph input -> its size expression
         self.constants: dict[str, object] = {}  # FX node -> its value, where constant
@@ -299,8 +302,11 @@ class Importer:
         custom = replacement_for(str(target)) if self.replacements else None
         if custom is not None and self.replaceable(node, custom):
             # the replacing op's kernel stands in for the ATen op (its decomposition steps aside)
+            shadow = self.shadow(node, handler) if handler is not None else None
             name = self.opaque(node)
             self.custom_nodes[name] = len(self.g.nodes[name].args)
+            if shadow is not None:
+                self.replaced[name] = shadow
             self.env[node.name] = name
             return
         if handler is not None:
@@ -310,6 +316,23 @@ class Importer:
             if row is not None and row.category == ot.ELEMENTWISE and not node.kwargs:
                 name = self.elementwise(node, row)
         self.env[node.name] = name if name is not None else self.opaque(node)
+
+    def shadow(self, node: torch.fx.Node, handler: Handler) -> Node | None:
+        """The one op-table node ``handler`` would import ``node`` as, left out of the graph:
+        the term a replacing custom op stands in for, so that rules recognising a larger
+        computation (attention.egg) see through the replacement. None where the handler
+        declines or builds more than one node."""
+        nodes, names = dict(self.g.nodes), dict(self.fx_names)
+        try:
+            made = handler(self, node)
+        except UnsupportedError:
+            made = None
+        new = [n for n in self.g.nodes if n not in nodes]
+        node_made = self.g.nodes.get(made) if made is not None else None
+        self.g.nodes, self.fx_names = nodes, names
+        if node_made is None or new != [made] or node_made.row is None:
+            return None
+        return node_made
 
     def replaceable(self, node: torch.fx.Node, op) -> bool:
         """A replaced ATen op takes the custom kernel when its dtypes, its arguments (the op's

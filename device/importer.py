@@ -110,5 +110,6 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
         imp.host_calls,
         imp.fx_names,
         imp.custom_nodes,
+        replaced=imp.replaced,
         size_values=list(imp.size_values.items()),
     )

@@ -10,6 +10,7 @@ plain Python (``EGraphView``) for extraction and drawing.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -147,7 +148,7 @@ def _vid(v) -> int:
     return int(str(v)[6:-1])  # "Value(12)"
 
 
-def _term(node, graph: Graph, names: dict[str, str]) -> str:
+def node_term(node, graph: Graph, names: dict[str, str]) -> str:
     """The egglog term of one graph node, its operands by their global names."""
     args = [names[a] for a in node.args]
     if node.op in ("Input", "Param"):
@@ -160,7 +161,9 @@ def _term(node, graph: Graph, names: dict[str, str]) -> str:
         lst = "(TNil)"
         for a in reversed(args):
             lst = f"(TCons {a} {lst})"
-        uid = abs(hash(node.name)) % (1 << 62)
+        # the same in every process (str hash is salted per process): a recipe's e-graph,
+        # and so its tie-breaks, must not depend on the process that compiled it
+        uid = int.from_bytes(hashlib.blake2b(node.name.encode(), digest_size=8).digest()) >> 2
         return f'(Opaque "{node.attrs[0]}" {uid} {lst})'
     row = ot.BY_NAME[node.op]
     parts = list(args)
@@ -184,7 +187,7 @@ def graph_program(graph: Graph) -> tuple[str, dict[str, str]]:
     lines = []
     for i, node in enumerate(graph.nodes.values()):
         g = f"$n{i}"
-        lines.append(f"(let {g} {_term(node, graph, names)})")
+        lines.append(f"(let {g} {node_term(node, graph, names)})")
         lines.append(f'(set (dtype {g}) "{node.dtype}")')
         lines.append(f"(set (rank {g}) {len(node.shape)})")
         names[node.name] = g

@@ -138,3 +138,52 @@ def test_timms_unfused_attention_becomes_the_kernel():
         got, prog = compiled(model.to("saturn:0"), "saturn:0", (x,))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     assert len(attention_kernels(prog)) == 2, prog.to_text()
+
+
+def gpu_programs(fn, args, rewrites: list[str]) -> list:
+    """``fn``'s graphs imported and compiled as for a GPU target with ``saturn.library``
+    imported (the softmax is then its replacing op's kernel, ``saturn::softmax``), on any
+    machine: compile only."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    import saturn.library  # noqa: F401  (defines saturn::softmax, which replaces aten::_softmax)
+    from saturn import decompositions
+    from saturn.backend import _generated_rules
+    from saturn.custom_ops import pattern_files, placement_rules
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    programs = []
+
+    def capture(gm, _example):
+        imp = import_graph(gm, replacements=True)
+        assert [n.op for n in imp.replaced.values()] == ["Softmax"], imp.replaced
+        rules = [*pattern_files(rewrites)]
+        rules.append(_generated_rules(placement_rules(imp.custom_nodes, imp.graph, imp.replaced)))
+        # as the backend: a custom op's pattern ruleset runs as its file is given
+        compiled = compile_graph(imp.graph, rules, [], machine="gpu", io_on_device=True)
+        programs.append(compiled.program)
+        return gm.forward
+
+    torch._dynamo.reset()
+    be = aot_autograd(fw_compiler=capture, decompositions=decompositions.table())
+    with torch.no_grad():
+        torch.compile(fn, backend=be, dynamic=False)(*args)
+    return programs
+
+
+@pytest.mark.parametrize("form", ["scaled-scores", "scaled-query"])
+def test_the_pattern_reads_through_the_gpu_softmax_kernel(form):
+    """With ``saturn.library`` imported, a GPU target's importer gives aten._softmax to the
+    custom op that replaces it; the pattern still sees the softmax (the replacement states
+    the term it stands for), and without the ruleset the softmax kernel stays."""
+    fn = (
+        written
+        if form == "scaled-scores"
+        else (lambda q, k, v: torch.softmax((q * 0.125) @ k.transpose(-2, -1), dim=-1) @ v)
+    )
+    (prog,) = gpu_programs(fn, qkv(), ["attention"])
+    assert len(attention_kernels(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
+    (plain,) = gpu_programs(fn, qkv(), [])  # without the ruleset: the softmax kernel stays
+    assert attention_kernels(plain) == [], plain.to_text()
+    assert any(k.kind == "custom" and "softmax" in k.attrs["name"] for k in plain.kernels)
