@@ -1,5 +1,6 @@
 """``saturn::attention(q, k, v, scale)``: ``softmax(scale * q @ k^T) @ v`` over [B, H, S, D]
-saturn tensors, as one fused kernel on a GPU: cuDNN's for half types
+saturn tensors (``saturn::attention_bias(q, k, v, bias, scale)``: a mask added to the scaled
+scores), as one fused kernel on a GPU: cuDNN's for half types
 (``codegen/attention.py``), saturn's own for float32 (``codegen/flash_attention.py``).
 
 It is a saturn custom op with a host function: compiled graphs place it on the device as one
@@ -143,4 +144,42 @@ attention = custom_op(
     when=fused_attention_takes,
     # attention written out (softmax(q @ k^T * c) @ v) as this op: rewrites=["attention"]
     pattern=Path(__file__).with_name("attention.egg"),
+)
+
+
+def unfused_bias(q, k, v, bias, scale: float):
+    """The masked product as it is written out: the scores scaled, then the mask added."""
+    return torch.softmax((q @ k.transpose(-2, -1)) * scale + bias, dim=-1) @ v
+
+
+def bias_view(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A mask that broadcasts to the scores as the kernel reads it, [1 or B, 1 or H, Sq,
+    Skv]: leading unit axes added, batch and head axes an expand broadcast (zero strides)
+    read once; the query and key axes broadcast by zero strides, which saturn's float32
+    kernel reads (cuDNN's gets it packed)."""
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    for axis in (0, 1):
+        if bias.stride(axis) == 0:
+            bias = bias.narrow(axis, 0, 1)
+    b, h, sq, _ = q.shape
+    shape = (b if bias.shape[0] != 1 else 1, h if bias.shape[1] != 1 else 1, sq, k.shape[2])
+    bias = bias.expand(shape)
+    return bias if kernel(q.dtype) is _FLASH else bias.contiguous()
+
+
+def _run_bias(out: torch.Tensor, q, k, v, bias, scale: float) -> None:
+    if not run_fused(out, q, k, v, bias_view(q, k, bias), float(scale), False):
+        count_fallback(attention_bias.name)
+        with torch.saturn.device(out.device.index):
+            out.copy_(unfused_bias(q, k, v, bias, scale))
+
+
+attention_bias = custom_op(
+    "saturn::attention_bias",
+    "(Tensor q, Tensor k, Tensor v, Tensor bias, float scale) -> Tensor",
+    reference=unfused_bias,
+    dtypes=KERNEL_DTYPES,
+    host=_run_bias,
+    # found by attention.egg's masked forms (the file is attention's pattern)
 )

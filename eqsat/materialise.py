@@ -293,7 +293,16 @@ def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> li
                     continue
                 stop.add(x)
                 todo.extend(e.kids[0] for e in view.classes[x] if e.op in _THROUGH)
+            # and what the program computes the operand from (two masks summed into one:
+            # each mask is read by the operand, not kept alive by the written-out form),
+            # a bounded walk: a class it misses only makes the pattern decline
+            level = [cons.kids[0]]
+            for _ in range(16):
+                level = list({k: None for c in level for k in best[c].enode.kids if k not in stop})
+                stop.update(level)
             lst = cons.kids[1]
+        # a device value's host twin (ToDev h): the same value, the operand's too
+        stop |= {e.kids[0] for x in list(stop) for e in view.classes[x] if e.op == "ToDev"}
         written = [c, host_of.get(c, c)]
         inner: set[int] = set()
         frontier = [
@@ -311,14 +320,15 @@ def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> li
                     continue
                 if view.sort.get(k) != "Tensor":
                     continue
-                if all(e.op in ot.CONSTANTS for e in view.classes[k]):
+                # constants and leaves (an input, NoBias) are read, not computed
+                if all(e.op in ot.CONSTANTS or not e.kids for e in view.classes[k]):
                     continue
                 inner.add(k)
                 for e in view.classes[k]:
                     if e.op not in ("ToHost", "ToDev"):
                         nxt.extend(e.kids)
             frontier, depth = nxt, depth + 1
-        twins = {t for k in inner for t in to_dev.get(k, [])}
+        twins = {t for k in inner for t in to_dev.get(k, [])} - stop
         if (inner | twins) & used:
             out.append(c)
     return out

@@ -1,8 +1,11 @@
-"""Attention written out in PyTorch (``softmax(q @ k^T * c) @ v``) found by the e-graph and
-compiled as one ``saturn::attention`` kernel (``device/attention.egg``, opt-in:
-rewrites=["attention"]), with results equal to eager CPU's; and every form the pattern must
-not take left written out: another softmax axis, a mask, dropout, a value head size unlike
-the query's, float64, a scale that is not finite, and the ruleset not asked for."""
+"""Attention written out in PyTorch (``softmax(q @ k^T * c [+ mask]) @ v``) found by the
+e-graph and compiled as one ``saturn::attention`` (or ``saturn::attention_bias``) kernel
+(``device/attention.egg``, opt-in: rewrites=["attention"]), with results equal to eager
+CPU's, in hand-written forms and in real models (timm's ViT, Hugging Face BERT, GPT-2 and T5
+with eager attention); and every form the pattern must not take left written out: another
+softmax axis, a mask that widens the scores or is not float32, a boolean mask applied by
+``masked_fill``, dropout, a value head size unlike the query's, float64, a scale that is not
+finite, and the ruleset not asked for."""
 
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ def last_program():
     return list(backend.CACHE.items.values())[-1].compiled.program
 
 
-def attention_kernels(prog) -> list:
-    return [
-        k for k in prog.kernels if k.kind == "custom" and k.attrs["name"] == "saturn::attention"
-    ]
+def attention_kernels(prog, name: str = "saturn::attention") -> list:
+    return [k for k in prog.kernels if k.kind == "custom" and k.attrs["name"] == name]
+
+
+def any_attention(prog) -> list:
+    return attention_kernels(prog) + attention_kernels(prog, "saturn::attention_bias")
 
 
 def written(q, k, v, c: float = 0.125):
@@ -78,27 +83,99 @@ def declined(fn, args, rewrites=("attention",)):
 
 @pytest.mark.parametrize(
     "form",
-    ["no-rewrites", "softmax-over-queries", "additive-mask", "value-head-size", "float64", "inf"],
+    [
+        "no-rewrites",
+        "softmax-over-queries",
+        "mask-widens-the-scores",
+        "float64-mask",
+        "masked-fill",
+        "value-head-size",
+        "float64",
+        "inf",
+    ],
 )
 def test_the_pattern_declines_what_it_does_not_take(form):
     args = qkv(dv=16) if form == "value-head-size" else qkv()
     if form == "float64":
         args = qkv(dtype=torch.float64)
-    mask = torch.randn(2, 1, 16, 24)
+    if form == "mask-widens-the-scores":  # one query row, a mask of five: five output rows
+        args = (*qkv(s=1), torch.randn(2, 4, 5, 24))
+    if form == "float64-mask":  # promotes the scores to float64
+        args = (*args, torch.randn(2, 1, 1, 24, dtype=torch.float64))
+    if form == "masked-fill":
+        args = (*args, torch.rand(2, 1, 16, 24) < 0.8)
     fns = {
         "no-rewrites": written,
         "softmax-over-queries": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -2) @ v,
-        "additive-mask": lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) + m, -1) @ v,
+        "mask-widens-the-scores": lambda q, k, v, m: torch.softmax(scores(q, k) + m, -1) @ v,
+        "float64-mask": lambda q, k, v, m: torch.softmax(scores(q, k) + m, -1).float() @ v,
+        "masked-fill": lambda q, k, v, m: (
+            torch.softmax(scores(q, k).masked_fill(~m, float("-inf")), -1) @ v
+        ),
         "value-head-size": written,
         "float64": written,
         "inf": lambda q, k, v: written(q, k, v, float("inf")),
     }
     fn = fns[form]
-    if form == "additive-mask":
-        args = (*args, mask)
     got = declined(fn, args, rewrites=() if form == "no-rewrites" else ("attention",))
     want = fn(*args)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def scores(q, k, c: float = 0.125):
+    return q @ k.transpose(-2, -1) * c
+
+
+LOWEST = torch.finfo(torch.float32).min
+MASKS = {  # name -> (mask shape, as a model writes it)
+    "padding [B,1,1,T]": (2, 1, 1, 24),
+    "causal [1,1,S,T]": (1, 1, 16, 24),
+    "per-head [1,H,S,T]": (1, 4, 16, 24),
+    "rank 2 [S,T]": (16, 24),
+}
+
+
+def a_mask(shape) -> torch.Tensor:
+    """Model-style: 0 where a key is read, the lowest float32 where it is masked."""
+    keep = torch.rand(*shape, generator=torch.Generator().manual_seed(1)) < 0.8
+    return torch.zeros(shape).masked_fill(~keep, LOWEST)
+
+
+MASKED_FORMS = {
+    "scores + mask": lambda q, k, v, m: torch.softmax(scores(q, k) + m, -1) @ v,
+    "mask + scores": lambda q, k, v, m: torch.softmax(m + scores(q, k), -1) @ v,
+    "unscaled + mask": lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) + m, -1) @ v,
+    "query scaled + mask": lambda q, k, v, m: (
+        torch.softmax((q * 0.3) @ k.transpose(-2, -1) + m, -1) @ v
+    ),
+    "two masks": lambda q, k, v, m: torch.softmax(scores(q, k) + m + m * 0.5, -1) @ v,
+}
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("form", list(MASKED_FORMS))
+def test_masked_attention_is_one_kernel(dev, form, mask):
+    fn, args = MASKED_FORMS[form], (*qkv(), a_mask(MASKS[mask]))
+    calls = fallback_counts().get("saturn::attention_bias", 0)
+    got, prog = compiled(fn, dev, args)
+    torch.testing.assert_close(got.cpu(), fn(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog, "saturn::attention_bias")) == 1, prog.to_text()
+    # nothing else but the two masks' sum
+    assert len(prog.kernels) == (2 if form == "two masks" else 1), prog.to_text()
+    assert prog.count("host") == 0
+    ran_reference = fallback_counts().get("saturn::attention_bias", 0) - calls
+    assert ran_reference == (1 if dev == "saturn:0" else 0)
+
+
+def test_unscaled_attention_is_one_kernel():
+    args = qkv()
+
+    def f(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    got, prog = compiled(f, "saturn:0", args)
+    torch.testing.assert_close(got.cpu(), f(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
 
 
 def test_dropout_between_the_products_declines():
