@@ -217,6 +217,69 @@ def test_timms_unfused_attention_becomes_the_kernel():
     assert len(attention_kernels(prog)) == 2, prog.to_text()
 
 
+def hf_model(name: str):
+    """A small Hugging Face model of ``name`` with eager (written-out) attention, and its
+    inputs: token ids and a padding mask (the second sequence's last four tokens padded)."""
+    tf = pytest.importorskip("transformers", reason="the zoo extra is not installed")
+    torch.manual_seed(0)
+    if name == "bert":
+        cfg = tf.BertConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=100,
+            attn_implementation="eager",
+        )
+        model = tf.BertModel(cfg)
+    elif name == "gpt2":
+        cfg = tf.GPT2Config(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            vocab_size=100,
+            n_positions=32,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="eager",
+        )
+        model = tf.GPT2Model(cfg)
+    else:
+        cfg = tf.T5Config(
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_layers=2,
+            num_heads=4,
+            vocab_size=100,
+            attn_implementation="eager",
+        )
+        model = tf.T5EncoderModel(cfg)
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
+    pad = torch.ones(2, 12, dtype=torch.long)
+    pad[1, 8:] = 0
+    return model.eval(), ids, pad
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_hugging_face_eager_attention_becomes_the_kernel(name):
+    """BERT's and GPT-2's eager attention (scores scaled, plus the padding or causal mask)
+    and T5's (unscaled, plus its position bias and the padding mask): each layer's
+    attention becomes one masked kernel, and the model's output is eager's."""
+    model, ids, pad = hf_model(name)
+
+    def f(ids, pad):
+        return model(ids, attention_mask=pad).last_hidden_state
+
+    with torch.no_grad():
+        want = f(ids, pad)
+        model.to("saturn:0")
+        got, prog = compiled(f, "saturn:0", (ids, pad))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog, "saturn::attention_bias")) == 2, prog.to_text()
+
+
 def gpu_programs(fn, args, rewrites: list[str]) -> list:
     """``fn``'s graphs imported and compiled as for a GPU target with ``saturn.library``
     imported (the softmax is then its replacing op's kernel, ``saturn::softmax``), on any
@@ -249,18 +312,18 @@ def gpu_programs(fn, args, rewrites: list[str]) -> list:
     return programs
 
 
-@pytest.mark.parametrize("form", ["scaled-scores", "scaled-query"])
+@pytest.mark.parametrize("form", ["scaled-scores", "scaled-query", "masked"])
 def test_the_pattern_reads_through_the_gpu_softmax_kernel(form):
     """With ``saturn.library`` imported, a GPU target's importer gives aten._softmax to the
     custom op that replaces it; the pattern still sees the softmax (the replacement states
     the term it stands for), and without the ruleset the softmax kernel stays."""
-    fn = (
-        written
-        if form == "scaled-scores"
-        else (lambda q, k, v: torch.softmax((q * 0.125) @ k.transpose(-2, -1), dim=-1) @ v)
-    )
-    (prog,) = gpu_programs(fn, qkv(), ["attention"])
-    assert len(attention_kernels(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
-    (plain,) = gpu_programs(fn, qkv(), [])  # without the ruleset: the softmax kernel stays
-    assert attention_kernels(plain) == [], plain.to_text()
+    fn, args = written, qkv()
+    if form == "scaled-query":
+        fn = lambda q, k, v: torch.softmax((q * 0.125) @ k.transpose(-2, -1), -1) @ v  # noqa: E731
+    if form == "masked":
+        fn, args = MASKED_FORMS["scores + mask"], (*args, a_mask((2, 1, 1, 24)))
+    (prog,) = gpu_programs(fn, args, ["attention"])
+    assert len(any_attention(prog)) == 1 and len(prog.kernels) == 1, prog.to_text()
+    (plain,) = gpu_programs(fn, args, [])  # without the ruleset: the softmax kernel stays
+    assert any_attention(plain) == [], plain.to_text()
     assert any(k.kind == "custom" and "softmax" in k.attrs["name"] for k in plain.kernels)
