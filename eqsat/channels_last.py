@@ -155,9 +155,9 @@ def channels_last(prog: Program) -> Program:
             ]
             _relaid(s, k, ops, {**k.attrs, "channels_last": True}, emit)
             changed = True
-        elif k is not None and k.kind == Kind.LOOP and _loop_in_nhwc(k, lay):
-            ops = [_operand_in_nhwc(o, k.domain, lay, view, s.place) for o in k.inputs]
-            _relaid(s, k, ops, dict(k.attrs), emit)
+        elif k is not None and k.kind == Kind.LOOP and (order := _loop_order(k, lay)):
+            ops = [_operand_in_nhwc(o, k.domain, lay, view, s.place, order) for o in k.inputs]
+            _relaid(s, k, ops, dict(k.attrs), emit, order)
             changed = True
         elif (
             k is not None
@@ -275,26 +275,61 @@ def _half_grouped_conv(k: Kernel) -> bool:
     )
 
 
-def _loop_in_nhwc(k: Kernel, lay: _Layouts) -> bool:
-    """A rank-4 loop whose full-size operands all lie in NHWC order (at least one)."""
+# a channel concatenation as the importer writes it (``_h_cat``): a loop over
+# [N, P, C, H, W], piece p of C channels at position p of the new axis, viewed as
+# [N, P * C, H, W] by its reader; in NHWC memory order [N, H, W, P, C], so that view is
+# NHWC memory of P * C channels
+CAT_NHWC = (0, 3, 4, 1, 2)
+
+
+def _loop_order(k: Kernel, lay: _Layouts) -> tuple[int, ...] | None:
+    """The memory order a loop runs over where its full-size operands (at least one) all
+    lie in it: NHWC for a rank-4 loop, [N, H, W, P, C] for a rank-5 channel concatenation
+    (``CAT_NHWC``; an axis an operand broadcasts, the piece axis of each piece, aside).
+    None where they do not."""
     dom = tuple(k.domain)
-    if len(dom) != 4 or tuple(k.shape) != dom or dom[1] == 1:
-        return False
+    if tuple(k.shape) != dom:
+        return None
     full = [o for o in k.inputs if tuple(o.shape) == dom]
-    return bool(full) and all(nhwc_ordered(dom, lay.strides.get(o.value)) for o in full)
+    if not full:
+        return None
+    if len(dom) == 4 and dom[1] != 1:
+        if all(nhwc_ordered(dom, lay.strides.get(o.value)) for o in full):
+            return NHWC
+        return None
+    if len(dom) == 5 and dom[1] > 1 and dom[2] > 1:
+        if all(_ordered(dom, lay.strides.get(o.value), CAT_NHWC) for o in full):
+            return CAT_NHWC
+    return None
 
 
-def _operand_in_nhwc(o: Operand, dom, lay: _Layouts, view, place: str) -> Operand:
-    """How the loop over the permuted domain reads operand ``o``."""
-    fine = _permuted(dom, NHWC)
+def _ordered(shape, strides, order) -> bool:
+    """Whether strides decrease along ``order`` (size-1 and broadcast axes aside), the
+    last axis of ``order`` read (not broadcast)."""
+    if strides is None or strides[order[-1]] == 0:
+        return False
+    st = [strides[a] for a in order if shape[a] > 1 and strides[a] != 0]
+    return all(a > b for a, b in itertools.pairwise(st))
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(order)
+    for i, a in enumerate(order):
+        inv[a] = i
+    return tuple(inv)
+
+
+def _operand_in_nhwc(o: Operand, dom, lay: _Layouts, view, place: str, order=NHWC) -> Operand:
+    """How the loop over the domain permuted by ``order`` reads operand ``o``."""
+    fine = _permuted(dom, order)
     if o.indexing == "scalar":
         return o
-    padded = (1,) * (4 - len(o.shape)) + tuple(o.shape)
+    padded = (1,) * (len(dom) - len(o.shape)) + tuple(o.shape)
     name = o.value
     if padded != tuple(o.shape):
         name = view(name, "View", (padded,), o.dtype, padded, place)
-    shape = _permuted(padded, NHWC)
-    name = view(name, "Permute", (NHWC,), o.dtype, shape, place)
+    shape = _permuted(padded, order)
+    name = view(name, "Permute", (order,), o.dtype, shape, place)
     strides = lay.strides.get(name)
     if shape == fine and packed_like(fine, strides):
         return Operand(name, o.dtype, fine, "same")
@@ -306,11 +341,11 @@ def _operand_in_nhwc(o: Operand, dom, lay: _Layouts, view, place: str) -> Operan
     return Operand(name, o.dtype, shape, how)
 
 
-def _relaid(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit) -> None:
-    """Step ``s`` writing NHWC memory: the kernel over the permuted shape (a convolution
-    is still handed NCHW extents, over this memory: ``channels_last``), then the permuted
-    view back to ``s``'s shape under ``s``'s name."""
-    shape = _permuted(tuple(k.shape), NHWC)
+def _relaid(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit, order=NHWC) -> None:
+    """Step ``s`` writing memory in ``order`` (NHWC): the kernel over the permuted shape (a
+    convolution is still handed NCHW extents, over this memory: ``channels_last``), then
+    the permuted view back to ``s``'s shape under ``s``'s name."""
+    shape = _permuted(tuple(k.shape), order)
     kernel = Kernel(
         k.kind,
         f"{s.output}_nhwc",
@@ -345,7 +380,7 @@ def _relaid(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit) -> None:
             s.output,
             "Permute",
             (kernel.output,),
-            (NCHW,),
+            (_inverse(order),),
             s.dtype,
             tuple(s.shape),
             s.place,

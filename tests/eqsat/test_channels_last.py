@@ -186,3 +186,63 @@ def test_declines_a_convolution_whose_image_is_neither_an_input_nor_nhwc():
     (conv,) = [k for k in after.kernels if k.kind == "conv"]
     assert not conv.attrs.get("channels_last")
     assert before.to_text() == after.to_text()
+
+
+def fire(dtype: str = "f16") -> str:
+    """SqueezeNet's Fire module: a 1x1 squeeze, two expands (1x1 and 3x3) joined along the
+    channels as the importer writes a concatenation (equal pieces on a new axis, picked
+    by a where, viewed back), and the next squeeze reading the join."""
+    return (
+        f"(input x {dtype} [2 8 6 6])\n(param ws {dtype} [4 8 1 1])\n"
+        f"(param we {dtype} [8 4 1 1])\n(param wt {dtype} [8 4 3 3])\n"
+        f"(param wn {dtype} [4 16 1 1])\n"
+        "(let s (Relu (Conv2dNoBias x ws [1 1] [0 0] [1 1] 1)))\n"
+        "(let a (Relu (Conv2dNoBias s we [1 1] [0 0] [1 1] 1)))\n"
+        "(let b (Relu (Conv2dNoBias s wt [1 1] [1 1] [1 1] 1)))\n"
+        "(let at (View (Arange 0 1 2 i64) [1 2 1 1 1]))\n"
+        "(let pa (Expand (View a [2 1 8 6 6]) [2 2 8 6 6]))\n"
+        "(let pb (Expand (View b [2 1 8 6 6]) [2 2 8 6 6]))\n"
+        "(let cat (View (Where (Eq at (Scalar 0 i64)) pa pb) [2 16 6 6]))\n"
+        "(let y (Conv2dNoBias cat wn [1 1] [0 0] [1 1] 1))\n(let z (Relu y))\n(output z)\n"
+    )
+
+
+def test_a_channel_concatenation_of_nhwc_memory_writes_nhwc_memory():
+    """The join of two NHWC convolution results runs over [N, H, W, P, C]: it reads both
+    packed and writes NHWC memory of P * C channels, which the next convolution reads
+    where it lies (no copy into NHWC, no layout conversion by cuDNN)."""
+    graph, before, after = programs(fire())
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+    convs = [k for k in after.kernels if k.kind == "conv"]
+    assert len(convs) == 4 and all(k.attrs.get("channels_last") for k in convs), after.to_text()
+    joins = [k for k in after.kernels if k.kind == "loop" and len(k.shape) == 5]
+    assert len(joins) == 1 and tuple(joins[0].shape) == (2, 6, 6, 2, 8), after.to_text()
+    # copied into NHWC: the model's input and the 3x3 weight only (the join is not)
+    copies = [k for k in after.kernels if k.kind == "loop" and k.body == ("in", 0)]
+    assert len(copies) == 2, after.to_text()
+
+
+def test_a_channel_shuffle_is_not_taken_for_a_concatenation():
+    """ShuffleNet's shuffle reads [N, C/g, g, H, W] across its pieces: its operand's
+    strides do not decrease along [N, H, W, P, C], so the loop keeps its order."""
+    text = (
+        "(input x f16 [2 8 6 6])\n(param w f16 [8 8 1 1])\n(param w2 f16 [8 8 1 1])\n"
+        "(let c (Relu (Conv2dNoBias x w [1 1] [0 0] [1 1] 1)))\n"
+        "(let t (Permute (View c [2 2 4 6 6]) [0 2 1 3 4]))\n"
+        "(let s (View (Neg t) [2 8 6 6]))\n"
+        "(let y (Conv2dNoBias s w2 [1 1] [0 0] [1 1] 1))\n(output y)\n"
+    )
+    graph, before, after = programs(text)
+    same_values(graph, before, after)
+    reads_as_laid_out(after)
+    assert not any(
+        k.kind == "loop" and len(k.shape) == 5 and tuple(k.shape) != (2, 4, 2, 6, 6)
+        for k in after.kernels
+    ), after.to_text()
+
+
+def test_a_float32_concatenation_keeps_its_order():
+    """Float32 convolutions keep NCHW, so the join's pieces do not lie NHWC: left as is."""
+    _graph, before, after = programs(fire("f32"))
+    assert after.to_text() == before.to_text()
