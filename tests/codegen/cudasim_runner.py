@@ -1192,6 +1192,7 @@ def run_variants() -> int:
     """Rolls, rows kernels in their other forms, and the scalar loop variant."""
     failures = run_rolls()
     failures += run_scheduler()
+    failures += run_channels_last_join()
     # rows kernels again with the row kept in registers however short it is, by blocks
     # and by a warp per row (several steps per pass, a last step past the row's end), then
     # by warps with the row re-read every pass
@@ -1228,6 +1229,40 @@ def run_variants() -> int:
         }
     )
     return failures
+
+
+def run_channels_last_join() -> int:
+    """SqueezeNet's Fire module in float16 (``tests/eqsat/test_channels_last.fire``): its
+    convolutions write NHWC memory and the channel join runs over [N, H, W, P, C]. The
+    loops run under the simulator and the convolutions by the numpy evaluator, and the
+    result is checked against the graph's."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "eqsat"))
+    from test_channels_last import fire
+
+    graph = parse_graph(fire("f16"))
+    prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+    rng = np.random.default_rng(0)
+    inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
+    by_input = {v: k for k, v in prog.inputs.items()}
+    env: dict = {}
+    joins = 0
+    for s in prog.steps:
+        if s.kind == "input":
+            env[s.output] = inputs[by_input[s.output]]
+        elif s.kind == "kernel":
+            operands = [env[o.value] for o in s.kernel.inputs]
+            loop = s.kernel.kind == "loop"
+            env[s.output] = run_kernel(s, operands) if loop else ev.run_kernel(s, operands)
+            joins += loop and tuple(s.kernel.shape) == (2, 6, 6, 2, 8)  # [N, H, W, P, C]
+        elif s.kind == "view":
+            env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+        else:  # the join's piece numbers
+            env[s.output] = np.asarray(ot.arange_values(*s.attrs))
+    (want,) = ev.eval_graph(graph, inputs)
+    got = env[prog.outputs[0]]
+    ok = joins == 1 and np.array_equal(got, want, equal_nan=True)
+    print(f"{'ok' if ok else 'FAIL'} channels-last join, Fire module ({joins} NHWC join)")
+    return not ok
 
 
 def run_scheduler() -> int:
