@@ -217,45 +217,34 @@ def test_timms_unfused_attention_becomes_the_kernel():
     assert len(attention_kernels(prog)) == 2, prog.to_text()
 
 
+# name -> (config class, model class, a small configuration); eager attention for each
+HF_MODELS = {
+    "bert": (
+        "BertConfig",
+        "BertModel",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    ),
+    "gpt2": (
+        "GPT2Config",
+        "GPT2Model",
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=32, use_cache=False, eos_token_id=0),
+    ),
+    "t5": (
+        "T5Config",
+        "T5EncoderModel",
+        dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4),
+    ),
+}
+
+
 def hf_model(name: str):
     """A small Hugging Face model of ``name`` with eager (written-out) attention, and its
     inputs: token ids and a padding mask (the second sequence's last four tokens padded)."""
     tf = pytest.importorskip("transformers", reason="the zoo extra is not installed")
     torch.manual_seed(0)
-    if name == "bert":
-        cfg = tf.BertConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            vocab_size=100,
-            attn_implementation="eager",
-        )
-        model = tf.BertModel(cfg)
-    elif name == "gpt2":
-        cfg = tf.GPT2Config(
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            vocab_size=100,
-            n_positions=32,
-            use_cache=False,
-            bos_token_id=0,
-            eos_token_id=0,
-            attn_implementation="eager",
-        )
-        model = tf.GPT2Model(cfg)
-    else:
-        cfg = tf.T5Config(
-            d_model=64,
-            d_kv=16,
-            d_ff=128,
-            num_layers=2,
-            num_heads=4,
-            vocab_size=100,
-            attn_implementation="eager",
-        )
-        model = tf.T5EncoderModel(cfg)
+    config, model_class, kwargs = HF_MODELS[name]
+    cfg = getattr(tf, config)(**kwargs, vocab_size=100, bos_token_id=0, attn_implementation="eager")
+    model = getattr(tf, model_class)(cfg)
     ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
     pad = torch.ones(2, 12, dtype=torch.long)
     pad[1, 8:] = 0
