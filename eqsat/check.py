@@ -196,6 +196,9 @@ def _vars(rule: Rule) -> tuple[list[str], set[str], dict[str, str], str]:
             if _head(x) == "Scalar" and len(items) == 3 and not isinstance(items[2], tuple):
                 dvars.add(items[2].text)
                 bits = items[1]
+                if isinstance(bits, tuple):  # a value computed from the match's bits
+                    why = "a scalar computed from the match (its special-value test checks it)"
+                    return [], set(), {}, why
                 if not isinstance(bits, tuple) and bits.text[:1].islower() and side is rule.lhs:
                     attrs.setdefault(bits.text, "bits")
                 continue

@@ -92,6 +92,7 @@ def declined(fn, args, rewrites=("attention",)):
         "value-head-size",
         "float64",
         "inf",
+        "divided-by-6",
     ],
 )
 def test_the_pattern_declines_what_it_does_not_take(form):
@@ -115,6 +116,8 @@ def test_the_pattern_declines_what_it_does_not_take(form):
         "value-head-size": written,
         "float64": written,
         "inf": lambda q, k, v: written(q, k, v, float("inf")),
+        # a division by what is not a power of two is not a product: declined
+        "divided-by-6": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / 6.0, -1) @ v,
     }
     fn = fns[form]
     got = declined(fn, args, rewrites=() if form == "no-rewrites" else ("attention",))
@@ -149,6 +152,10 @@ MASKED_FORMS = {
         torch.softmax((q * 0.3) @ k.transpose(-2, -1) + m, -1) @ v
     ),
     "two masks": lambda q, k, v, m: torch.softmax(scores(q, k) + m + m * 0.5, -1) @ v,
+    # divided by sqrt(64): a product by 1/8 (simplify's div-power-of-two, exact)
+    "scores / 8 + mask": lambda q, k, v, m: (
+        torch.softmax(q @ k.transpose(-2, -1) / 8.0 + m, -1) @ v
+    ),
 }
 
 

@@ -125,6 +125,9 @@ CASES: dict[str, Case] = {
     "mul-one-right": Case(lambda x: x * 1.0, flat, FLOATS),
     "mul-one-left": Case(lambda x: torch.mul(1.0, x), flat, FLOATS),
     "div-one": Case(lambda x: x / 1.0, flat, FLOATS),
+    "div-power-of-two": Case(
+        lambda x: torch.stack((x / 8.0, x / -0.25, x / 16384.0)), flat, FLOATS
+    ),
     "add-negzero-float": Case(lambda x: x + -0.0, flat, FLOATS),
     "add-zero-int": Case(lambda x: (x + 0) * 3, ints, [torch.int32, torch.int64]),
     "add-zero-int-left": Case(lambda x: torch.add(0, x) * 3, ints, [torch.int32, torch.int64]),
