@@ -162,10 +162,15 @@ def bias_view(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Ten
     for axis in (0, 1):
         if bias.stride(axis) == 0:
             bias = bias.narrow(axis, 0, 1)
-    b, h, sq, _ = q.shape
-    shape = (b if bias.shape[0] != 1 else 1, h if bias.shape[1] != 1 else 1, sq, k.shape[2])
-    bias = bias.expand(shape)
+    bias = bias.expand(bias_shape(q, k, bias))
     return bias if kernel(q.dtype) is _FLASH else bias.contiguous()
+
+
+def bias_shape(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> tuple[int, ...]:
+    """The shape the kernel reads a 4-D mask as: [1 or B, 1 or H, Sq, Skv], its batch and
+    head axes kept where they are 1, its query and key axes written out."""
+    b, h, sq, _ = q.shape
+    return (b if bias.shape[0] != 1 else 1, h if bias.shape[1] != 1 else 1, sq, k.shape[2])
 
 
 def _run_bias(out: torch.Tensor, q, k, v, bias, scale: float) -> None:

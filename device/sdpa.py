@@ -44,6 +44,7 @@ from .fused_attention import (
     _PLANS,  # noqa: F401 (tests read _PLANS)
     KERNEL_DTYPES,
     _layout,
+    bias_shape,
     kernel,
     missing,
 )
@@ -71,13 +72,7 @@ def bias4(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     leading unit axes added; query and key axes that broadcast are written out."""
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)
-    b, h, sq, _ = q.shape
-    shape = (
-        b if bias.shape[0] != 1 else 1,
-        h if bias.shape[1] != 1 else 1,
-        sq,
-        k.shape[2],
-    )
+    shape = bias_shape(q, k, bias)
     if tuple(bias.shape) != shape or not bias.is_contiguous():
         bias = bias.expand(shape).contiguous()
     return bias

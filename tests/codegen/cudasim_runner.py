@@ -1243,21 +1243,16 @@ def run_channels_last_join() -> int:
     prog = compile_graph(graph, machine="gpu", io_on_device=True).program
     rng = np.random.default_rng(0)
     inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
-    by_input = {v: k for k, v in prog.inputs.items()}
-    env: dict = {}
     joins = 0
-    for s in prog.steps:
-        if s.kind == "input":
-            env[s.output] = inputs[by_input[s.output]]
-        elif s.kind == "kernel":
-            operands = [env[o.value] for o in s.kernel.inputs]
-            loop = s.kernel.kind == "loop"
-            env[s.output] = run_kernel(s, operands) if loop else ev.run_kernel(s, operands)
-            joins += loop and tuple(s.kernel.shape) == (2, 6, 6, 2, 8)  # [N, H, W, P, C]
-        elif s.kind == "view":
-            env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
-        else:  # the join's piece numbers
-            env[s.output] = np.asarray(ot.arange_values(*s.attrs))
+
+    def run(s, operands):
+        nonlocal joins
+        if s.kernel.kind != "loop":  # a convolution: cuDNN's on a GPU
+            return ev.run_kernel(s, operands)
+        joins += tuple(s.kernel.shape) == (2, 6, 6, 2, 8)  # [N, H, W, P, C]
+        return run_kernel(s, operands)
+
+    env = run_steps(prog, inputs, run, "fire")
     (want,) = ev.eval_graph(graph, inputs)
     got = env[prog.outputs[0]]
     ok = joins == 1 and np.array_equal(got, want, equal_nan=True)
@@ -1328,6 +1323,27 @@ SPLIT = (
 )
 
 
+def run_steps(prog, inputs: dict, run, name: str) -> dict:
+    """Every value of GPU program ``prog`` on ``inputs`` (by graph input name): kernel steps
+    by ``run(step, operands)``, views and constants as the runner makes them."""
+    env: dict = {}
+    by_input = {v: k for k, v in prog.inputs.items()}
+    for s in prog.steps:
+        if s.kind == "input":
+            env[s.output] = inputs[by_input[s.output]]
+        elif s.kind == "kernel":
+            env[s.output] = run(s, [env[o.value] for o in s.kernel.inputs])
+        elif s.kind == "view":
+            env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
+        elif s.kind == "const":  # made once on the device: the recipe's values
+            env[s.output] = np.asarray(
+                ot.arange_values(*s.attrs) if s.op == "Arange" else ev.scalar(*s.attrs)
+            )
+        else:
+            raise SystemExit(f"{name}: unexpected step {s.kind}")
+    return env
+
+
 def run_all(
     graphs: dict[str, str], narrow: bool = False, split: bool = False, tag: str = ""
 ) -> int:
@@ -1337,27 +1353,16 @@ def run_all(
         graph = parse_graph(text + "\n", name)
         prog = compile_graph(graph, machine="gpu", io_on_device=True).program
         inputs = {n.name: rand(rng, n.shape, n.dtype) for n in graph.inputs()}
-        env = {}
-        by_input = {v: k for k, v in prog.inputs.items()}
         ran = 0
-        for s in prog.steps:
-            if s.kind == "input":
-                env[s.output] = inputs[by_input[s.output]]
-            elif s.kind == "kernel":
-                operands = [env[o.value] for o in s.kernel.inputs]
-                if split and s.kernel.kind == "reduce":
-                    env[s.output] = run_split(s, operands, narrow=narrow)
-                else:
-                    env[s.output] = run_kernel(s, operands, narrow)
-                ran += 1
-            elif s.kind == "view":
-                env[s.output] = ev.apply_op(s.op, [env[s.args[0]]], s.attrs, s.dtype)
-            elif s.kind == "const":  # made once on the device: the recipe's values
-                env[s.output] = np.asarray(
-                    ot.arange_values(*s.attrs) if s.op == "Arange" else ev.scalar(*s.attrs)
-                )
-            else:
-                raise SystemExit(f"{name}: unexpected step {s.kind}")
+
+        def run(s, operands):
+            nonlocal ran
+            ran += 1
+            if split and s.kernel.kind == "reduce":
+                return run_split(s, operands, narrow=narrow)
+            return run_kernel(s, operands, narrow)
+
+        env = run_steps(prog, inputs, run, name)
         want = ev.eval_graph(graph, inputs)
         got = [env[o] for o in prog.outputs]
         for w, g in zip(want, got, strict=True):
