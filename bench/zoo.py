@@ -368,10 +368,12 @@ def run_one(
     repeats: int = REPEATS,
     baselines: str = "all",
     training: bool = False,
+    rewrites: tuple[str, ...] = (),
 ) -> dict:
     """One model's row. ``baselines``: "all" (eager and Inductor), "autotune" (those and
     Inductor's max-autotune-no-cudagraphs), "eager" or "none";
-    ``training``: one training step's row (bench/zoo_training.py) instead of inference."""
+    ``training``: one training step's row (bench/zoo_training.py) instead of inference;
+    ``rewrites``: saturn's opt-in rulesets (options={"rewrites": ...}), stated in the row."""
     if training:
         return _training().run(_self(), name, device, dtype_name, size, repeats, baselines)
     import saturn  # noqa: F401
@@ -384,6 +386,8 @@ def run_one(
     model, inputs = build(name, size)
     ref_dev = "cuda" if gpu else "cpu"
     row: dict = {"model": name, "device": device, "dtype": dtype_name, "size": size}
+    if rewrites:
+        row["rewrites"] = list(rewrites)
 
     def on(dev, dt):
         return moved(model, inputs, dev, dt)
@@ -402,7 +406,8 @@ def run_one(
     torch._dynamo.utils.counters.clear()
     before_fb, failed = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
     before_graphs = set(backend.CACHE.items)
-    compiled = torch.compile(m_s, backend="saturn", dynamic=False)
+    options = {"rewrites": list(rewrites)} if rewrites else None
+    compiled = torch.compile(m_s, backend="saturn", options=options, dynamic=False)
     if gpu:
         torch.saturn.reset_peak_memory_stats(device)
     try:
@@ -568,6 +573,7 @@ def _child(name: str, a: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--device", a.device]
     cmd += ["--dtype", a.dtype, "--size", a.size] + (["--training"] if a.training else [])
     cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
+    cmd += ["--rewrites", *a.rewrites] if a.rewrites else []
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -607,6 +613,13 @@ def main() -> None:
         help="time and check one training step (forward, loss, backward, SGD) instead of "
         "inference (bench/zoo_training.py)",
     )
+    ap.add_argument(
+        "--rewrites",
+        nargs="*",
+        default=[],
+        help="saturn's opt-in rulesets for inference, e.g. attention (written-out attention "
+        "as one kernel); each row states them",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
@@ -616,7 +629,15 @@ def main() -> None:
         _training().main_reference(_self(), a.reference, a.device, a.dtype, a.size, baselines)
         return
     if a.child:
-        row = run_one(a.child, a.device, a.dtype, a.size, baselines=baselines, training=a.training)
+        row = run_one(
+            a.child,
+            a.device,
+            a.dtype,
+            a.size,
+            baselines=baselines,
+            training=a.training,
+            rewrites=tuple(a.rewrites),
+        )
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)
