@@ -18,9 +18,8 @@ masked) is 0, as aten's math (``_safe_softmax``) makes it.
 
 Operands: any strides with the head dimension contiguous; grouped-query heads are read in
 place (query head h reads key/value head h // G); the bias is float32 [1 or B, 1 or H, Sq,
-Skv] with any strides (0 where it broadcasts), or with a batch of W dividing B that batch b
-reads at b mod W (Swin's windows: ``saturn::attention_windows``). ``FlashPlan.run`` takes
-the pointers of each call (q, k, v, out, then the bias and the row log-sum-exp where planned, as
+Skv] with any strides (0 where it broadcasts). ``FlashPlan.run`` takes the pointers of each
+call (q, k, v, out, then the bias and the row log-sum-exp where planned, as
 ``AttentionPlan``) and launches on saturn's stream, so CUDA-graph capture records it.
 """
 
@@ -207,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(NT, 2) flash_f32(
         float x = s[i][j] * scale;
 #if HAS_BIAS
         if (row < Sq && col < Skv) {
-          const float bv = bias[(b % BB) * bsb + h * bsh + row * bsq + col * bsk];
+          const float bv = bias[b * bsb + h * bsh + row * bsq + col * bsk];
 #if EXP2
           x = fmaf(bv, LOG2E, x);
 #else
@@ -351,13 +350,12 @@ def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:
 
 
 def check_bias(q: Layout, k: Layout, bias: Layout) -> None:
-    """A float32 bias [W, 1 or H, Sq, Skv] (any strides), W dividing the batch B: batch b
-    reads the bias's b mod W (W = 1 or B: a broadcast; else periodic, as windows)."""
+    """A float32 bias [1 or B, 1 or H, Sq, Skv] (any strides)."""
     b, h, sq, _ = q.shape
     if bias.dtype != "f32" or len(bias.shape) != 4:
         raise AttentionError("the bias must be float32 [batch or 1, heads or 1, Sq, Skv]")
     bb, bh, bq, bk = bias.shape
-    if bb < 1 or b % bb or bh not in (1, h) or (bq, bk) != (sq, k.shape[2]):
+    if bb not in (1, b) or bh not in (1, h) or (bq, bk) != (sq, k.shape[2]):
         raise AttentionError(f"bias {list(bias.shape)} for q {list(q.shape)}, k {list(k.shape)}")
 
 
@@ -418,7 +416,7 @@ class FlashPlan:
         bstr = []
         if bias is not None:  # a broadcast axis of size 1 is read at index 0 whatever its stride
             bstr = [0 if n == 1 else s for n, s in zip(bias.shape, bias.strides, strict=True)]
-        ints = [h, h // k.shape[1], sq, k.shape[2], bias.shape[0] if bias is not None else 1]
+        ints = [h, h // k.shape[1], sq, k.shape[2]]
         strides = [*q.strides[:3], *k.strides[:3], *v.strides[:3], *out.strides[:3]]
         self.tail = (
             *(np.int32(x) for x in ints),

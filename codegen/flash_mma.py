@@ -56,11 +56,10 @@ def check(d: int, tile: MmaTile) -> None:
 
 # Both kernels' parameters, in the order ``FlashPlan.run`` passes them: the operands' and
 # output's pointers, sizes, the scale, then the strides of batch, head and row (q, k, v, out)
-# and of the bias's four axes (0 where it broadcasts); BB: the bias's batch size, which
-# divides the batch (batch b reads the bias's b mod BB: 1 or B broadcast, or Swin's windows)
+# and of the bias's four axes (0 where it broadcasts)
 PARAMS = """const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     float* __restrict__ out, const float* __restrict__ bias, float* __restrict__ lse,
-    int H, int G, int Sq, int Skv, int BB, float scale,
+    int H, int G, int Sq, int Skv, float scale,
     long long qsb, long long qsh, long long qss, long long ksb, long long ksh, long long kss,
     long long vsb, long long vsh, long long vss, long long osb, long long osh, long long oss,
     long long bsb, long long bsh, long long bsq, long long bsk"""
@@ -201,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) flash_f32_mma(
           float x = s[i][n][2 * e + u] * scale;
 #if HAS_BIAS
           if (row < Sq && (full || col < Skv))
-            x = fmaf(bias[(b % BB) * bsb + h * bsh + row * bsq + col * bsk], LOG2E, x);
+            x = fmaf(bias[b * bsb + h * bsh + row * bsq + col * bsk], LOG2E, x);
 #endif
           if (!full && (col >= Skv || (CAUSAL && col > row))) x = -INF;
           s[i][n][2 * e + u] = x;

@@ -153,29 +153,24 @@ def unfused_bias(q, k, v, bias, scale: float):
 
 
 def bias_view(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A mask that broadcasts to the scores as the kernel reads it, [W, 1 or H, Sq, Skv]
-    (W: 1, B, or a divisor of B that batch b reads at b mod W, as windows): leading unit
-    axes added, batch and head axes an expand broadcast (zero strides) read once; the query
-    and key axes broadcast by zero strides, which saturn's float32 kernel reads (cuDNN's
-    gets it packed, a periodic batch written out to B)."""
+    """A mask that broadcasts to the scores as the kernel reads it, [1 or B, 1 or H, Sq,
+    Skv]: leading unit axes added, batch and head axes an expand broadcast (zero strides)
+    read once; the query and key axes broadcast by zero strides, which saturn's float32
+    kernel reads (cuDNN's gets it packed)."""
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)
     for axis in (0, 1):
         if bias.stride(axis) == 0:
             bias = bias.narrow(axis, 0, 1)
     bias = bias.expand(bias_shape(q, k, bias))
-    if kernel(q.dtype) is _FLASH:
-        return bias
-    if bias.shape[0] not in (1, q.shape[0]):
-        bias = bias.repeat(q.shape[0] // bias.shape[0], 1, 1, 1)
-    return bias.contiguous()
+    return bias if kernel(q.dtype) is _FLASH else bias.contiguous()
 
 
 def bias_shape(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> tuple[int, ...]:
-    """The shape the kernel reads a 4-D mask as: [W, 1 or H, Sq, Skv], its batch kept (1, B
-    or a period W), its head axis kept where it is 1, its query and key axes written out."""
-    _, h, sq, _ = q.shape
-    return (bias.shape[0], h if bias.shape[1] != 1 else 1, sq, k.shape[2])
+    """The shape the kernel reads a 4-D mask as: [1 or B, 1 or H, Sq, Skv], its batch and
+    head axes kept where they are 1, its query and key axes written out."""
+    b, h, sq, _ = q.shape
+    return (b if bias.shape[0] != 1 else 1, h if bias.shape[1] != 1 else 1, sq, k.shape[2])
 
 
 def _run_bias(out: torch.Tensor, q, k, v, bias, scale: float) -> None:
@@ -192,73 +187,4 @@ attention_bias = custom_op(
     dtypes=KERNEL_DTYPES,
     host=_run_bias,
     # found by attention.egg's masked forms (the file is attention's pattern)
-)
-
-
-# Swin's shifted windows (torchvision's and timm's unfused window attention): the masked
-# scores viewed as [images, windows, H, S, T], the window mask added, viewed back.
-
-
-def _rank(t: torch.Tensor, n: int) -> torch.Tensor:
-    while t.dim() < n:
-        t = t.unsqueeze(0)
-    return t
-
-
-def windows_split(batch: int, mask: torch.Tensor) -> tuple[int, int]:
-    """The written-out form's [images, windows] split of the batch, as its rank-5 mask
-    broadcasts to it: the windows are the mask's second axis where it is not 1, else the
-    images its first (a mask constant over both reads the same whatever the split)."""
-    n, w = mask.shape[0], mask.shape[1]
-    if w != 1 and batch % w == 0 and n in (1, batch // w):
-        return batch // w, w
-    if w == 1 and n != 1 and batch % n == 0:
-        return n, batch // n
-    if n == w == 1:
-        return batch, 1
-    raise ValueError(f"a window mask {list(mask.shape)} does not split a batch of {batch}")
-
-
-def unfused_windows(q, k, v, bias, mask, scale: float):
-    """``softmax(view(view(scale * q @ k^T + bias, [B/W, W, H, S, T]) + mask, [B, H, S, T]))
-    @ v`` as it is written out."""
-    s = (q @ k.transpose(-2, -1)) * scale + bias
-    m = _rank(mask, 5)
-    n, w = windows_split(s.shape[0], m)
-    s = (s.view(n, w, *s.shape[1:]) + m).view(s.shape)
-    return torch.softmax(s, dim=-1) @ v
-
-
-def windows_bias(q: torch.Tensor, k: torch.Tensor, bias, mask) -> torch.Tensor:
-    """The two masks as one the kernel reads, their sum (the written form adds them to the
-    scores in turn; the sum rounds once less, as attention.egg's two masks): [W, ., S, T],
-    read periodically, where neither varies over the images (Swin's relative position bias
-    and shift mask); else written out to [B, H, S, T]."""
-    b = _rank(bias, 4)
-    if b.stride(0) == 0:
-        b = b.narrow(0, 0, 1)
-    m = _rank(mask, 5)
-    n, w = windows_split(q.shape[0], m)
-    if b.shape[0] == 1 and m.shape[0] == 1:
-        return b + m[0]
-    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    return (b.expand(shape).reshape(n, w, *shape[1:]) + m).reshape(shape)
-
-
-def _run_windows(out: torch.Tensor, q, k, v, bias, mask, scale: float) -> None:
-    with torch.saturn.device(out.device.index):
-        summed = windows_bias(q, k, bias, mask)
-    if not run_fused(out, q, k, v, bias_view(q, k, summed), float(scale), False):
-        count_fallback(attention_windows.name)
-        with torch.saturn.device(out.device.index):
-            out.copy_(unfused_windows(q, k, v, bias, mask, scale))
-
-
-attention_windows = custom_op(
-    "saturn::attention_windows",
-    "(Tensor q, Tensor k, Tensor v, Tensor bias, Tensor mask, float scale) -> Tensor",
-    reference=unfused_windows,
-    dtypes=KERNEL_DTYPES,
-    host=_run_windows,
-    # found by attention.egg's windowed form (the file is attention's pattern)
 )

@@ -296,9 +296,11 @@ def _escaping(view: EGraphView, best: dict[int, Choice], roots: list[int]) -> li
             # and what the program computes the operand from (two masks summed into one:
             # each mask is read by the operand, not kept alive by the written-out form),
             # a bounded walk: a class it misses only makes the pattern decline
-            level = [cons.kids[0]]
+            # (its own walk: a class the view walk above reached still has its inputs read)
+            level, seen = [cons.kids[0]], {cons.kids[0]}
             for _ in range(16):
-                level = list({k: None for c in level for k in best[c].enode.kids if k not in stop})
+                level = list({k: None for c in level for k in best[c].enode.kids if k not in seen})
+                seen.update(level)
                 stop.update(level)
             lst = cons.kids[1]
         # a device value's host twin (ToDev h): the same value, the operand's too

@@ -56,16 +56,6 @@ def test_a_strided_head_axis_and_a_bias_of_the_wrong_shape_are_refused():
         fa.check_bias(q, q, packed((1, 2, 8, 9)))
 
 
-def test_a_bias_whose_batch_divides_the_batch_is_read_periodically():
-    """Swin's windows: batch b reads the bias's b mod W, for W dividing B; a W that does
-    not divide B is refused."""
-    q = packed((6, 2, 8, 16))
-    fa.check_bias(q, q, packed((3, 2, 8, 8)))
-    fa.check_bias(q, q, packed((2, 1, 8, 8)))
-    with pytest.raises(AttentionError, match="bias"):
-        fa.check_bias(q, q, packed((4, 2, 8, 8)))
-
-
 # (compute capability, query rows, batch x heads): an older card; a small grid; a large one
 MACHINES = [(75, 512, 96), (90, 197, 96), (90, 512, 96)]
 
