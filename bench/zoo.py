@@ -564,6 +564,7 @@ def _format(r: dict) -> str:
         f"crossings {r['crossings']} replays {r.get('replays', 0)} host [{host}] "
         f"first {r['first_call_s']:.1f} s; {times}"
         + (f"\n{'':24s} stages: {_stages(r['stages'])}" if r.get("stages") else "")
+        + (f"\n{'':24s} rewrites: {r['rewrites']}" if r.get("rewrites") else "")
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
         + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
@@ -625,6 +626,8 @@ def main() -> None:
     ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     baselines = "none" if a.no_baselines else a.baselines
+    if a.training and a.rewrites:
+        ap.error("--rewrites applies to inference rows; a training row compiles with the defaults")
     if a.reference:  # a training row's reference: its own process, saturn never imported
         _training().main_reference(_self(), a.reference, a.device, a.dtype, a.size, baselines)
         return
