@@ -9,7 +9,8 @@ before the first call (with ``--build``, the seconds building them takes here, i
 parallel as a first call builds them; that needs no GPU): a quick check of placement and
 compile-time work before spending device time.
 
-    python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build] NAME ...
+    python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build]
+        [--kinds] [--rewrites RULESET ...] NAME ...
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def build_seconds(gens: list) -> float:
                 os.environ["SATURN_CACHE_DIR"] = old
 
 
-def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
+def plan(
+    name: str, dtype: str, size: str, ptx: bool = False, rewrites: tuple[str, ...] = ()
+) -> list[dict]:
     import saturn  # noqa: F401
     from saturn import backend, sdpa
     from saturn.eqsat.pipeline import compile_graph
@@ -127,7 +130,7 @@ def plan(name: str, dtype: str, size: str, ptx: bool = False) -> list[dict]:
     backend.compile_cached, backend.compile_fx = also_for_gpu, capture
     sdpa.on_fused_device = lambda *ts: True
     try:
-        zoo.run_one(name, "saturn:0", dtype, size, repeats=1, baselines="none")
+        zoo.run_one(name, "saturn:0", dtype, size, repeats=1, baselines="none", rewrites=rewrites)
     finally:
         backend.compile_cached, backend.compile_fx = real, real_fx
         sdpa.on_fused_device = real_device
@@ -143,10 +146,11 @@ def main() -> None:
         "--build", action="store_true", help="also time building the kernels (no GPU needed)"
     )
     ap.add_argument("--kinds", action="store_true", help="also count the kernels by kind")
+    ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
     a = ap.parse_args()
     for name in a.names:
         torch._dynamo.reset()
-        for i, p in enumerate(plan(name, a.dtype, a.size, a.build)):
+        for i, p in enumerate(plan(name, a.dtype, a.size, a.build, tuple(a.rewrites))):
             host = ", ".join(f"{k} x{v}" for k, v in sorted(p["host"].items())) or "-"
             print(
                 f"{name} graph {i}: {p['ops']} ops, {p['kernels']} kernels "
