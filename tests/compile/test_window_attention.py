@@ -60,6 +60,23 @@ def test_shifted_window_attention_is_one_kernel(dev, form, bias_batch):
     assert ran_reference == (1 if dev == "saturn:0" else 0)
 
 
+def test_masks_of_lower_rank_broadcast_as_written():
+    """A bias of rank 2 ([S, T]) and a window mask of rank 4 ([W, 1, S, T], broadcast to
+    [1, W, 1, S, T] by the add): one kernel, eager's result."""
+
+    def f(q, k, v, bias, mask):
+        a = (q * 0.25) @ k.transpose(-2, -1) + bias
+        b, h, s, t = a.shape
+        a = a.view(b // 3, 3, h, s, t) + mask.unsqueeze(1)
+        return torch.softmax(a.view(-1, h, s, t), dim=-1) @ v
+
+    q, k, v, bias, mask = operands()
+    args = (q, k, v, bias[0, 0], mask)
+    got, prog = compiled(f, "saturn:0", args)
+    torch.testing.assert_close(got.cpu(), f(*args), rtol=1e-5, atol=1e-5)
+    assert len(attention_kernels(prog, BIAS)) == 1 and len(prog.kernels) == 2, prog.to_text()
+
+
 def test_torchvision_swin_has_one_attention_kernel_per_block():
     """torchvision's Swin-T (64-pixel images: two stages shift their windows): all twelve
     blocks' attention are one masked kernel each, the shifted ones too; output eager's."""
