@@ -2,7 +2,8 @@
 torch.profiler) for eager CUDA and saturn (and Inductor's default mode with --inductor), per
 call, after warm-up (on a GPU machine).
 
-    python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] [--inductor] NAME ...
+    python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] [--inductor]
+        [--rewrites RULESET ...] NAME ...
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
 """
@@ -21,7 +22,14 @@ import saturn  # noqa: F401
 GPU = "saturn:1"
 
 
-def profile(name: str, dtype: torch.dtype, size: str, top: int, inductor: bool) -> None:
+def profile(
+    name: str,
+    dtype: torch.dtype,
+    size: str,
+    top: int,
+    inductor: bool,
+    rewrites: tuple[str, ...] = (),
+) -> None:
     torch.manual_seed(0)
     model, inputs = zoo.MODELS[name](size)
     model = model.eval().to(dtype)
@@ -34,7 +42,10 @@ def profile(name: str, dtype: torch.dtype, size: str, top: int, inductor: bool) 
         m, xs = copy.deepcopy(model).cuda(), put("cuda")
         print_kernels(lambda: m(*xs), torch.cuda.synchronize, top=top)
         torch._dynamo.reset()
-        sat = torch.compile(copy.deepcopy(model).to(GPU), backend="saturn", dynamic=False)
+        options = {"rewrites": list(rewrites)} if rewrites else None
+        sat = torch.compile(
+            copy.deepcopy(model).to(GPU), backend="saturn", options=options, dynamic=False
+        )
         xg = put(GPU)
         print(f"== {name} {dtype}: saturn", flush=True)
         print_kernels(lambda: sat(*xg), lambda: torch.saturn.synchronize(GPU), top=top)
@@ -52,11 +63,12 @@ def main() -> None:
     ap.add_argument("--size", default="full", choices=["tiny", "full"])
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--inductor", action="store_true", help="Inductor's kernels too (default mode)")
+    ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
     a = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in a.names:
-        profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor)
+        profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor, tuple(a.rewrites))
         torch.cuda.empty_cache()
 
 
