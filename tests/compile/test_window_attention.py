@@ -19,22 +19,21 @@ from .test_attention_pattern import a_mask, any_attention, attention_kernels, co
 BIAS = "saturn::attention_bias"
 
 
-def swin(q, k, v, bias, mask, c: float = 0.25):
+def swin(q, k, v, bias, mask, c: float = 0.25, mask_first: bool = False):
     """torchvision's ``shifted_window_attention`` from q, k, v on: the query scaled, the
-    relative position bias added, the shift mask added per window."""
+    relative position bias added, the shift mask added per window (``mask_first``: the
+    mask as the add's first operand)."""
     a = (q * c) @ k.transpose(-2, -1) + bias
     b, h, s, t = a.shape
     w = mask.shape[0]
-    a = a.view(b // w, w, h, s, t) + mask.unsqueeze(1).unsqueeze(0)
+    m = mask.unsqueeze(1).unsqueeze(0)
+    a = a.view(b // w, w, h, s, t)
+    a = m + a if mask_first else a + m
     return torch.softmax(a.view(-1, h, s, t), dim=-1) @ v
 
 
-def mask_first(q, k, v, bias, mask, c: float = 0.25):
-    a = (q * c) @ k.transpose(-2, -1) + bias
-    b, h, s, t = a.shape
-    w = mask.shape[0]
-    a = mask.unsqueeze(1).unsqueeze(0) + a.view(b // w, w, h, s, t)
-    return torch.softmax(a.view(-1, h, s, t), dim=-1) @ v
+def mask_first(q, k, v, bias, mask):
+    return swin(q, k, v, bias, mask, mask_first=True)
 
 
 def operands(images=2, windows=3, h=4, s=16, d=32, bias_batch=1):
