@@ -8,12 +8,13 @@ costs. What is timed: CUDA events around 20 launches on one stream (device time,
 median of 7 such runs, per launch, in us; q, k, v as [B, H, S, D] views of one packed
 projection (an encoder's heads). Errors against float64 on the CPU where small enough.
 
-    python bench/flash_tiles.py            (on a GPU machine)
+    python bench/flash_tiles.py [--windows]           (on a GPU machine)
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 from attention import F32_SHAPES  # bench/attention.py (this script's folder)
@@ -24,8 +25,18 @@ from saturn.codegen.gemm import Layout
 
 # attention.py's float32 shapes and one more at head size 128
 SHAPES = (*F32_SHAPES, (8, 512, 12, 128, False))
+# Swin-T's window attention at batch 32 (``--windows``): 49 rows a window, head size 32,
+# images x windows slices in its first two stages
+WINDOWS = ((2048, 49, 3, 32, False), (512, 49, 6, 32, False))
 TILES = {
-    64: [Tile(8, 8), MmaTile(4, 64), MmaTile(4, 32, 3), MmaTile(4, 64, 1, 2), MmaTile(4, 32, 2, 2)],
+    64: [
+        Tile(8, 8),
+        MmaTile(4, 64),
+        MmaTile(4, 32, 3),
+        MmaTile(4, 64, 1, 2),
+        MmaTile(4, 32, 2, 2),
+        MmaTile(2, 32, 4),
+    ],
     128: [Tile(4, 4), MmaTile(4, 32), MmaTile(8, 32, 1), MmaTile(4, 32, 1, 2)],
 }
 
@@ -94,5 +105,5 @@ if __name__ == "__main__":
     print("tile: rows x cols, p = pipelined copies, 2 = exp2 (CUDA cores); mma: warps, keys a")
     print("step (tensor cores, three TF32 products); * = config(d, cc); us per launch")
     print("(x torch's memory-efficient kernel, max |saturn - torch|, max |saturn - float64|)")
-    for shape in SHAPES:
+    for shape in WINDOWS if "--windows" in sys.argv else SHAPES:
         row(*shape)

@@ -10,7 +10,7 @@ parallel as a first call builds them; that needs no GPU): a quick check of place
 compile-time work before spending device time.
 
     python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build]
-        [--kinds] [--rewrites RULESET ...] NAME ...
+        [--kinds] [--rewrites RULESET ...] [--training] NAME ...
 """
 
 from __future__ import annotations
@@ -72,7 +72,12 @@ def build_seconds(gens: list) -> float:
 
 
 def plan(
-    name: str, dtype: str, size: str, ptx: bool = False, rewrites: tuple[str, ...] = ()
+    name: str,
+    dtype: str,
+    size: str,
+    ptx: bool = False,
+    rewrites: tuple[str, ...] = (),
+    training: bool = False,
 ) -> list[dict]:
     import saturn  # noqa: F401
     from saturn import backend, sdpa
@@ -130,7 +135,16 @@ def plan(
     backend.compile_cached, backend.compile_fx = also_for_gpu, capture
     sdpa.on_fused_device = lambda *ts: True
     try:
-        zoo.run_one(name, "saturn:0", dtype, size, repeats=1, baselines="none", rewrites=rewrites)
+        zoo.run_one(
+            name,
+            "saturn:0",
+            dtype,
+            size,
+            repeats=1,
+            baselines="none",
+            rewrites=rewrites,
+            training=training,
+        )
     finally:
         backend.compile_cached, backend.compile_fx = real, real_fx
         sdpa.on_fused_device = real_device
@@ -147,10 +161,17 @@ def main() -> None:
     )
     ap.add_argument("--kinds", action="store_true", help="also count the kernels by kind")
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
+    ap.add_argument(
+        "--training",
+        action="store_true",
+        help="plan a training step's graphs (forward and backward, bench/zoo_training.py)",
+    )
     a = ap.parse_args()
+    if a.training and a.rewrites:
+        ap.error("--rewrites applies to inference; a training step compiles with the defaults")
     for name in a.names:
         torch._dynamo.reset()
-        for i, p in enumerate(plan(name, a.dtype, a.size, a.build, tuple(a.rewrites))):
+        for i, p in enumerate(plan(name, a.dtype, a.size, a.build, tuple(a.rewrites), a.training)):
             host = ", ".join(f"{k} x{v}" for k, v in sorted(p["host"].items())) or "-"
             print(
                 f"{name} graph {i}: {p['ops']} ops, {p['kernels']} kernels "

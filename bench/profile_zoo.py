@@ -3,9 +3,12 @@ torch.profiler) for eager CUDA and saturn (and Inductor's default mode with --in
 call, after warm-up (on a GPU machine).
 
     python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] [--inductor]
-        [--rewrites RULESET ...] NAME ...
+        [--rewrites RULESET ...] [--training] NAME ...
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
+``--training`` profiles saturn's training step (``bench/zoo_training.py``'s: forward,
+loss, backward, SGD) alone: eager CUDA autograd cannot run beside saturn yet (issue 33);
+the zoo's training rows time eager's and Inductor's steps in a process of their own.
 """
 
 from __future__ import annotations
@@ -56,6 +59,22 @@ def profile(
             print_kernels(lambda: ind(*xs), torch.cuda.synchronize, top=top)
 
 
+def profile_training(name: str, dtype: torch.dtype, size: str, top: int) -> None:
+    import zoo_training
+
+    model, inputs = zoo.build(name, size)
+    m, xs = zoo.moved(model, inputs, GPU, dtype)
+    torch._dynamo.reset()
+    sat = torch.compile(m, backend="saturn", dynamic=False)
+    opt = torch.optim.SGD(m.parameters(), lr=zoo_training.LR)
+    print(f"== {name} {dtype}: saturn, one training step", flush=True)
+    print_kernels(
+        lambda: zoo_training.step(sat, xs, opt, zoo._first),
+        lambda: torch.saturn.synchronize(GPU),
+        top=top,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="+")
@@ -64,11 +83,15 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--inductor", action="store_true", help="Inductor's kernels too (default mode)")
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
+    ap.add_argument("--training", action="store_true", help="saturn's training step alone")
     a = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in a.names:
-        profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor, tuple(a.rewrites))
+        if a.training:
+            profile_training(name, getattr(torch, a.dtype), a.size, a.top)
+        else:
+            profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor, tuple(a.rewrites))
         torch.cuda.empty_cache()
 
 

@@ -41,6 +41,9 @@ from saturn.eqsat import optable as ot
 
 from .gemm_tuning import TUNINGS
 
+# cuBLASLt's heuristic candidates a float32 plan times (nvmath's default)
+CANDIDATES = 8
+
 
 class GemmError(RuntimeError):
     """An operand layout or epilogue the library plan cannot take."""
@@ -271,6 +274,7 @@ class GemmPlan:
         alloc=None,
         choose: bool = True,
         gelu: str = "timed",
+        candidates: int = CANDIDATES,
     ):
         """``alloc(nbytes)``: device memory the plan keeps (an object with ``data_ptr()``),
         needed by ``tf32x3`` for the operands' halves. With ``choose``, a ``tf32x3`` plan is
@@ -290,6 +294,7 @@ class GemmPlan:
         self.stream = stream
         self.precision = precision if out.dtype == "f32" else "fp32"
         self.autotune = autotune  # time the candidates on the first call's own operands
+        self.candidates = candidates  # how many of cuBLASLt's heuristic candidates
         self.transposed = bias is not None
         self._ptrs: tuple[int, ...] | None = None
         # the GELU applied by saturn's pass after a bias epilogue (instead of cuBLASLt's)
@@ -387,7 +392,14 @@ class GemmPlan:
                 # of the same product was timed before (gemm_tuning)
                 kw = {"epilog": epilog, "epilog_inputs": epi} if last else {}
                 key = TUNINGS.key(
-                    p, "nvmath", self.layouts, self.epilogue, self.gelu_separate, compute, beta
+                    p,
+                    "nvmath",
+                    self.layouts,
+                    self.epilogue,
+                    self.gelu_separate,
+                    compute,
+                    beta,
+                    self.candidates,
                 )
                 best = TUNINGS.get(key) if self.autotune else None
                 if best is not None:
@@ -397,7 +409,7 @@ class GemmPlan:
                         TUNINGS.forget(key)
                         best = None
                 if best is None:
-                    mm.plan(stream=self.stream, **kw)
+                    mm.plan(preferences={"limit": self.candidates}, stream=self.stream, **kw)
                     if self.autotune:
                         mm.autotune(iterations=3, stream=self.stream)
                         TUNINGS.put(key, _kept(mm.algorithms[0]))

@@ -7,6 +7,7 @@ dtypes; and one training step of a CNN, an encoder and a decoder with its cache.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -103,3 +104,16 @@ def test_zoo_training_error_sees_a_difference():
     assert training.error(want, want) == 0.0
     assert training.error([2.0, 1.5, 0.25, 4.004], want) == pytest.approx(1e-3)
     assert training.error([2.0, float("nan"), 0.25, 4.0], want) != training.error(want, want)
+
+
+def test_zoo_training_step_stays_finite_on_a_deep_network():
+    """The training row's step divides the loss's gradient by the loss: ResNet-152 (random
+    weights, eval-mode batch norms that do not normalise) has a first loss of about 2e9, and
+    a plain SGD step on it made eager's own second loss NaN, so no row could be compared."""
+    training = zoo._training()
+    model, inputs = zoo.build("resnet152", "tiny")
+    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
+    got, _ = training.measures(model, inputs, opt, lambda: None, zoo._first)
+    assert got[0] > 1e8  # the loss itself is what the model computes, unscaled
+    assert all(math.isfinite(x) for x in got), got
+    assert got[1] != got[0]  # the step moved the parameters
