@@ -61,7 +61,8 @@ def config(d: int, cc: int = 0, rows: int = 0, heads: int = 0, sms: int = 0) -> 
     - from 8.0, the tensor-core kernel (``flash_mma.py``), 32 keys a step. Up to head size
       64, a warp owns two 16-row tiles (each key and value fragment serves both) and two
       blocks share a SM, unless that makes fewer than two blocks a SM: then one tile a warp
-      and three blocks a SM. Above 64, two tiles a warp and one block a SM (the registers);
+      and three blocks a SM, as also where a slice's rows fit one such block of 64.
+      Above 64, two tiles a warp and one block a SM (the registers);
     - below 8.0, or unknown, the CUDA-core kernel without the pipelined copies: 8 x 8
       scores at head size 64 (a block owns 128 query rows and steps 64 keys at a time);
       4 x 4 otherwise, where the registers (no spills on sm_75) and the shared memory (two
@@ -71,10 +72,14 @@ def config(d: int, cc: int = 0, rows: int = 0, heads: int = 0, sms: int = 0) -> 
     if cc >= 80:
         if d > 64:
             return MmaTile(4, 32, blocks=1, mtiles=2)
-        wide = MmaTile(4, 32, blocks=2, mtiles=2)
-        if -(-rows // wide.rows) * heads >= 2 * sms:
-            return wide
-        return MmaTile(4, 32, blocks=3, mtiles=1)
+        wide, narrow = MmaTile(4, 32, blocks=2, mtiles=2), MmaTile(4, 32, blocks=3, mtiles=1)
+        if -(-rows // wide.rows) * heads < 2 * sms:
+            return narrow
+        # rows that fit one narrow block (Swin's 49-row windows): the wide block computes
+        # twice the rows, more than its shared fragments save (2048 x 49 x 3 x 32: 211
+        # against 146 us on an H100). Where both pad alike (197 rows) the wide tile was
+        # 1.5x faster, so no longer row count pads enough more to lose
+        return narrow if 0 < rows <= narrow.rows else wide
     # cp.async (the pipelined copies) needs 8.0 too; 8 x 8 spills registers on sm_75 at
     # head sizes 16 to 48 (tests/codegen/test_flash_attention.py compiles each)
     return Tile(8, 8, pipelined=False) if d == 64 else Tile(4, 4, pipelined=False)

@@ -71,6 +71,10 @@ def test_the_tile_follows_the_card_and_the_grid():
     assert (wide.mtiles, wide.blocks) == (2, 2)  # 4 x 96 blocks: two a SM or more
     assert (narrow.mtiles, narrow.blocks) == (1, 3)  # 2 x 32 blocks would leave SMs idle
     assert chosen(128, 90, 512, 96).mtiles == 2
+    # short windows (Swin's 49 rows): one 64-row block, not half of a 128-row one
+    short = chosen(32, 90, 49, 6144)
+    assert (short.mtiles, short.blocks) == (1, 3)
+    assert chosen(64, 90, 197, 384).mtiles == 2  # both pad 59 rows: the wide tile
 
 
 @pytest.mark.parametrize("machine", MACHINES, ids=["sm75", "small-grid", "large-grid"])
