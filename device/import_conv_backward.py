@@ -80,18 +80,18 @@ def input_gradient(
     return imp.add(Node(imp.fresh("dgrad"), "Conv2dNoBias", (g, wt), attrs, dtype, tuple(in_shape)))
 
 
-def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, groups) -> str:
-    """The output's gradient ``g`` contracted with the input's windows: one product."""
-    gn, xn = imp.g.nodes[g], imp.g.nodes[x]
-    dtype = gn.dtype
-    n, k, ho, wo = gn.shape
-    c, (kh, kw) = xn.shape[1], w_shape[2:]
+def _windows(imp, x: str, ho: int, wo: int, kh: int, kw: int, stride, padding, dilation, axis):
+    """The padded input's window at each kernel position (one strided slice each), joined
+    along a new axis ``axis`` of [N, C, Ho, Wo]: the taps in row-major kernel order."""
+    xn = imp.g.nodes[x]
+    dtype, (n, c) = xn.dtype, xn.shape[:2]
     (sh, sw), (dh, dw) = stride, dilation
     src = pad_or_crop(
         imp, x, [0, 0, 0, 0, padding[0], padding[0], padding[1], padding[1]], float_bits(0.0), dtype
     )
     wp = imp.g.nodes[src].shape[3]
-    window = (n, c, ho, wo, 1)
+    whole = (n, c, ho, wo)
+    window = (*whole[:axis], 1, *whole[axis:])
     cols = None
     for i in range(kh):
         rows = (2, i * dh, i * dh + sh * (ho - 1) + 1, sh)
@@ -103,9 +103,37 @@ def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, gr
             if cols is None:
                 cols = s
                 continue
-            joined = (n, c, ho, wo, imp.g.nodes[cols].shape[4] + 1)
-            cols = imp.add(Node(imp.fresh("wgrad_cat"), "Cat", (cols, s), (4,), dtype, joined))
+            have = imp.g.nodes[cols].shape
+            joined = (*have[:axis], have[axis] + 1, *have[axis + 1 :])
+            cols = imp.add(Node(imp.fresh("wgrad_cat"), "Cat", (cols, s), (axis,), dtype, joined))
+    return cols
+
+
+# below this many 128 x 128 output tiles, one product over (images, rows, columns) leaves
+# most of a GPU idle (an H100 has 132 SMs): the products run image by image instead
+BATCHED_BELOW_TILES = 128
+
+
+def _per_image(k: int, cg: int, taps: int, groups: int, dtype: str) -> bool:
+    """Whether the weight's gradient is a batch of per-image products summed over the
+    images, rather than one product over (images, rows, columns). Float32 and float64
+    only: a half type's batched products would each be rounded before the sum, where
+    PyTorch rounds once."""
+    tiles = groups * -(-(k // groups) // 128) * -(-(cg * taps) // 128)
+    return dtype in ("f32", "f64") and tiles < BATCHED_BELOW_TILES
+
+
+def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, groups) -> str:
+    """The output's gradient ``g`` contracted with the input's windows: one product, or
+    one per image summed (``_per_image``)."""
+    gn, xn = imp.g.nodes[g], imp.g.nodes[x]
+    dtype = gn.dtype
+    n, k, ho, wo = gn.shape
+    c, (kh, kw) = xn.shape[1], w_shape[2:]
     taps, kg, cg = kh * kw, k // groups, c // groups
+    if _per_image(k, cg, taps, groups, dtype):
+        return _weight_gradient_per_image(imp, g, x, w_shape, stride, padding, dilation, groups)
+    cols = _windows(imp, x, ho, wo, kh, kw, stride, padding, dilation, 4)
     # per group: [K/g, (N, Ho, Wo)] @ [(N, Ho, Wo), (C/g, taps)], a batch of one product
     split = (n, groups, cg, ho, wo, taps)
     cols = imp.add(Node(imp.fresh("wgrad_split"), "View", (cols,), (split,), dtype, split))
@@ -128,6 +156,35 @@ def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, gr
         prod = imp.add(Node(imp.fresh("wgrad"), "MatMul", (gm, cols), (), dtype, prod_shape[1:]))
     else:
         prod = imp.add(Node(imp.fresh("wgrad"), "BatchMatMul", (gm, cols), (), dtype, prod_shape))
+    shape = (k, cg, kh, kw)
+    return imp.add(Node(imp.fresh("wgrad_view"), "View", (prod,), (shape,), dtype, shape))
+
+
+def _weight_gradient_per_image(imp, g: str, x: str, w_shape, stride, padding, dilation, groups):
+    """Per image and group, the gradient [K/g, (Ho, Wo)] times the windows' transpose
+    [(Ho, Wo), (C/g, taps)], summed over the images: the same sum as one product over
+    (images, rows, columns), grouped by image (float32 summation order aside, as a split
+    reduction's). Both operands are views of what the graph computes (the windows joined
+    along a taps axis before the rows), so nothing is copied into a product's layout, and
+    the batch of products fills the GPU where one long product would not."""
+    gn, xn = imp.g.nodes[g], imp.g.nodes[x]
+    dtype = gn.dtype
+    n, k, ho, wo = gn.shape
+    c, (kh, kw) = xn.shape[1], w_shape[2:]
+    taps, kg, cg = kh * kw, k // groups, c // groups
+    cols = _windows(imp, x, ho, wo, kh, kw, stride, padding, dilation, 2)  # [N, C, taps, Ho, Wo]
+    flat = (n * groups, cg * taps, ho * wo)
+    cols = imp.add(Node(imp.fresh("wgrad_cols"), "View", (cols,), (flat,), dtype, flat))
+    across = (n * groups, ho * wo, cg * taps)
+    cols = imp.add(Node(imp.fresh("wgrad_colt"), "Permute", (cols,), ((0, 2, 1),), dtype, across))
+    gflat = (n * groups, kg, ho * wo)
+    gm = imp.add(Node(imp.fresh("wgrad_gm"), "View", (g,), (gflat,), dtype, gflat))
+    each = (n * groups, kg, cg * taps)
+    prod = imp.add(Node(imp.fresh("wgrad_each"), "BatchMatMul", (gm, cols), (), dtype, each))
+    split = (n, groups * kg, cg * taps)
+    prod = imp.add(Node(imp.fresh("wgrad_images"), "View", (prod,), (split,), dtype, split))
+    total = (k, cg * taps)
+    prod = imp.add(Node(imp.fresh("wgrad"), "Sum", (prod,), ((0,), 0), dtype, total))
     shape = (k, cg, kh, kw)
     return imp.add(Node(imp.fresh("wgrad_view"), "View", (prod,), (shape,), dtype, shape))
 

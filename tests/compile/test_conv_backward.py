@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from saturn import backend
+from saturn import backend, import_conv_backward
 
 from .helpers import traced_step
 
@@ -59,8 +59,15 @@ def _copy(m):
     return copy.deepcopy(m)
 
 
+# the weight's gradient as one product over (images, rows, columns), or as a batch of
+# per-image products summed (what a product of few output tiles takes)
+FORMS = {"one-product": 0, "per-image": 10**9}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("name", sorted(CONVS))
-def test_convolution_backward_runs_on_the_device(dev, name):
+def test_convolution_backward_runs_on_the_device(dev, name, form, monkeypatch):
+    monkeypatch.setattr(import_conv_backward, "BATCHED_BELOW_TILES", FORMS[form])
     cin, cout, k, s, p, d, bias, (n, h, w), *groups = CONVS[name]
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(cin, cout, k, s, p, d, groups=groups[0] if groups else 1, bias=bias)
@@ -119,6 +126,52 @@ def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtyp
     assert backward.count("host") == 0 and backward.count("crossing") == 0, backward.to_text()
     kinds = {k.kind for k in backward.kernels}
     assert {"conv", "gemm"} <= kinds, kinds
+
+
+def test_the_weight_gradient_form_follows_the_products_tiles():
+    """Per image where one product has few 128 x 128 output tiles (ResNet's first stages:
+    64 x 576 is 5 tiles over 100,352 rows); one product where it has enough, and in half
+    types, whose per-image products would each be rounded before the sum."""
+    per_image = import_conv_backward._per_image
+    assert per_image(64, 64, 9, 1, "f32")  # [64, 576]: 5 tiles
+    assert per_image(256, 256, 9, 1, "f64")  # [256, 2304]: 36 tiles
+    assert not per_image(512, 512, 9, 1, "f32")  # [512, 4608]: 144 tiles
+    assert not per_image(64, 64, 9, 1, "bf16")
+    assert not per_image(960, 1, 9, 960, "f32")  # depthwise, 960 one-tile products
+
+
+def test_the_per_image_weight_gradient_is_a_batched_product_and_a_sum():
+    """For the GPU machine, without a GPU: the weight's gradient of a 3x3 convolution reads
+    the gradient and the windows as they lie, a batch of products (a rank-3 GEMM) and a sum
+    over the images, and no copy arranges an operand for the product."""
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(4, 8, 3, 1, 1, bias=False)
+    x = torch.randn(3, 4, 10, 10, requires_grad=True)
+    backward = compile_graph(
+        import_graph(traced_step(model, x)[1], replacements=True).graph,
+        machine="gpu",
+        io_on_device=True,
+    ).program
+    text = backward.to_text()
+    steps = {s.output: s for s in backward.steps}
+
+    def producer(v: str):  # the step computing what view ``v`` reads
+        while steps[v].kind == "view":
+            v = steps[v].args[0]
+        return steps[v]
+
+    gemms = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "gemm"]
+    assert [len(s.shape) for s in gemms] == [3], text
+    gemm = gemms[0].kernel
+    # the gradient as it comes in, and the windows as joined: no copy in between
+    assert producer(gemm.inputs[0].value).kind == "input", text
+    assert producer(gemm.inputs[1].value).kernel.kind == "concat", text
+    sums = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "reduce"]
+    assert [producer(s.kernel.inputs[0].value).output for s in sums] == [gemms[0].output], text
+    assert backward.count("host") == 0, text
 
 
 @pytest.mark.gpu
