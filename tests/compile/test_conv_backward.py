@@ -174,6 +174,52 @@ def test_the_per_image_weight_gradient_is_a_batched_product_and_a_sum():
     assert backward.count("host") == 0, text
 
 
+def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
+    """For the GPU machine, without a GPU: each input gradient's convolution reads its
+    swapped, flipped weight from one take of the weight's elements, and no view step of
+    the backward program has to copy (a reshape that cannot view its source copies it at
+    every call: the swap and flips through views did, twice a convolution). Views are
+    replayed on CPU tensors laid out as the runner's buffers (dense)."""
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.host_ops import run_host
+    from saturn.importer import import_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, 1, 1, groups=2),
+        torch.nn.Conv2d(8, 4, (3, 1), 1, (1, 0)),
+    )
+    x = torch.randn(2, 3, 12, 12, requires_grad=True)
+    backward = compile_graph(
+        import_graph(traced_step(model, x)[1], replacements=True).graph,
+        machine="gpu",
+        io_on_device=True,
+    ).program
+    text = backward.to_text()
+    steps = {s.output: s for s in backward.steps}
+    dtypes = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "bool": torch.bool}
+    env = {}
+    for s in backward.steps:
+        if s.kind != "view":
+            env[s.output] = torch.empty(s.shape, dtype=dtypes[s.dtype])
+            continue
+        src = env[s.args[0]]
+        env[s.output] = out = run_host(s.op, [src], s.attrs, {})
+        same = out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
+        assert same or not out.numel(), f"{s.output} copies\n{text}"
+
+    def producer(v: str):
+        while steps[v].kind == "view":
+            v = steps[v].args[0]
+        return steps[v]
+
+    convs = [s.kernel for s in backward.steps if s.kernel is not None and s.kernel.kind == "conv"]
+    assert len(convs) == 3, text  # each input gradient, the image's too
+    assert [producer(k.inputs[1].value).kernel.kind for k in convs] == ["gather"] * 3, text
+
+
 @pytest.mark.gpu
 def test_half_convolution_backward_on_the_gpu():
     torch.manual_seed(0)
