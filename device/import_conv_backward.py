@@ -160,6 +160,8 @@ def _weight_gradient(imp, g: str, x: str, w_shape, stride, padding, dilation, gr
     n, k, ho, wo = gn.shape
     c, (kh, kw) = xn.shape[1], w_shape[2:]
     taps, kg, cg = kh * kw, k // groups, c // groups
+    if cg == 1 and groups > 1:
+        return _weight_gradient_depthwise(imp, g, x, w_shape, stride, padding, dilation, groups)
     if _per_image(k, cg, taps, groups, dtype):
         return _weight_gradient_per_image(imp, g, x, w_shape, stride, padding, dilation, groups)
     cols = _windows(imp, x, ho, wo, kh, kw, stride, padding, dilation, 4)
@@ -261,3 +263,31 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
 
 
 handles({"aten.convolution_backward.default": _h_convolution_backward})
+
+
+def _weight_gradient_depthwise(imp, g: str, x: str, w_shape, stride, padding, dilation, groups):
+    """One input channel a group (a depthwise convolution, with or without a channel
+    multiplier): each weight element's gradient is the sum over (images, rows, columns) of
+    the gradient times the window, one reduction of their product, not a batch of one-row
+    matrix products (whose operands no matrix layout describes: they were packed at every
+    call). Half types multiply and sum in float32, rounded once, as PyTorch's gradient is
+    (widening is exact); float32 sums in another order, as any reduction."""
+    gn = imp.g.nodes[g]
+    dtype = gn.dtype
+    n, k, ho, wo = gn.shape
+    kh, kw = w_shape[2:]
+    taps, kg = kh * kw, k // groups
+    acc = "f32" if dtype in ot.HALVES else dtype
+    cols = _windows(imp, x, ho, wo, kh, kw, stride, padding, dilation, 2)  # [N, G, taps, Ho, Wo]
+    cols, g = imp.cast(cols, acc), imp.cast(g, acc)
+    at = (n, groups, 1, taps, ho * wo)
+    cols = imp.add(Node(imp.fresh("wgrad_cols"), "View", (cols,), (at,), acc, at))
+    gat = (n, groups, kg, 1, ho * wo)
+    gv = imp.add(Node(imp.fresh("wgrad_gm"), "View", (g,), (gat,), acc, gat))
+    each = (n, groups, kg, taps, ho * wo)
+    prod = imp.add(Node(imp.fresh("wgrad_each"), "Mul", (gv, cols), (), acc, each))
+    total = (groups, kg, taps)
+    prod = imp.add(Node(imp.fresh("wgrad"), "Sum", (prod,), ((0, 4), 0), acc, total))
+    shape = (k, 1, kh, kw)
+    view = imp.add(Node(imp.fresh("wgrad_view"), "View", (prod,), (shape,), acc, shape))
+    return imp.cast(view, dtype)

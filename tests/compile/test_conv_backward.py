@@ -137,7 +137,7 @@ def test_the_weight_gradient_form_follows_the_products_tiles():
     assert per_image(256, 256, 9, 1, "f64")  # [256, 2304]: 36 tiles
     assert not per_image(512, 512, 9, 1, "f32")  # [512, 4608]: 144 tiles
     assert not per_image(64, 64, 9, 1, "bf16")
-    assert not per_image(960, 1, 9, 960, "f32")  # depthwise, 960 one-tile products
+    assert not per_image(1920, 8, 9, 240, "f32")  # 240 groups of [8, 72]: 240 tiles
 
 
 def test_the_per_image_weight_gradient_is_a_batched_product_and_a_sum():
@@ -176,7 +176,8 @@ def test_the_per_image_weight_gradient_is_a_batched_product_and_a_sum():
 
 def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
     """For the GPU machine, without a GPU: each input gradient's convolution reads its
-    swapped, flipped weight from one take of the weight's elements, and no view step of
+    swapped, flipped weight from one take of the weight's elements, a depthwise weight's
+    gradient is a reduction (no product), and no view step of
     the backward program has to copy (a reshape that cannot view its source copies it at
     every call: the swap and flips through views did, twice a convolution). Views are
     replayed on CPU tensors laid out as the runner's buffers (dense)."""
@@ -189,6 +190,7 @@ def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
         torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False),
         torch.nn.ReLU(),
         torch.nn.Conv2d(8, 8, 3, 1, 1, groups=2),
+        torch.nn.Conv2d(8, 8, 3, 1, 1, groups=8),  # depthwise: a reduction, no product
         torch.nn.Conv2d(8, 4, (3, 1), 1, (1, 0)),
     )
     x = torch.randn(2, 3, 12, 12, requires_grad=True)
@@ -216,8 +218,10 @@ def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
         return steps[v]
 
     convs = [s.kernel for s in backward.steps if s.kernel is not None and s.kernel.kind == "conv"]
-    assert len(convs) == 3, text  # each input gradient, the image's too
-    assert [producer(k.inputs[1].value).kernel.kind for k in convs] == ["gather"] * 3, text
+    assert len(convs) == 4, text  # each input gradient, the image's too
+    assert [producer(k.inputs[1].value).kernel.kind for k in convs] == ["gather"] * 4, text
+    gemms = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "gemm"]
+    assert len(gemms) == 3, text  # the depthwise weight's gradient is a reduction
 
 
 @pytest.mark.gpu
