@@ -7,10 +7,11 @@ per model the host ops the GPU program keeps (named by target, with dtype and sh
 its crossings, the compile stages' seconds, and the kernel variants its runner builds
 before the first call (with ``--build``, the seconds building them takes here, in
 parallel as a first call builds them; that needs no GPU): a quick check of placement and
-compile-time work before spending device time.
+compile-time work before spending device time. ``--views`` lists the view steps that
+copy at every call (a reshape whose source it cannot view: ``view_copies``).
 
     python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build]
-        [--kinds] [--rewrites RULESET ...] [--training] NAME ...
+        [--kinds] [--views] [--rewrites RULESET ...] [--training] NAME ...
 """
 
 from __future__ import annotations
@@ -49,6 +50,54 @@ def kernel_sources(program) -> list:
             from saturn.codegen.roll import RollLauncher
 
             out += RollLauncher(k, (9, 0)).expected()
+    return out
+
+
+DTYPES = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "bool": torch.bool,
+    "u8": torch.uint8,
+}
+
+
+def view_copies(program) -> list[str]:
+    """The view steps that copy at every call: each view replayed (``run_host``, as the
+    runner does) on empty CPU tensors laid out as a step's buffer is (dense, row-major;
+    a channels-last buffer is not modelled), a reshape its source cannot view being a
+    copy. Each as ``output: op <- the views it reads through <- the step under them``."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # planned while a graph is traced: real tensors here
+        return _view_copies(program)
+
+
+def _view_copies(program) -> list[str]:
+    from saturn.host_ops import run_host
+
+    steps = {s.output: s for s in program.steps}
+    env: dict[str, torch.Tensor] = {}
+    out = []
+    for s in program.steps:
+        if s.kind != "view":
+            env[s.output] = torch.empty(s.shape, dtype=DTYPES.get(s.dtype, torch.float32))
+            continue
+        src = env[s.args[0]]
+        env[s.output] = v = run_host(s.op, [src], s.attrs, {})
+        if v.numel() and v.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+            chain, at = [], s.args[0]
+            while steps[at].kind == "view":
+                a = steps[at].attrs  # a shape or axes first; a Slice's (dim, start, end, step)
+                chain.append(f"{steps[at].op}{list(a[0] if isinstance(a[0], tuple) else a)}")
+                at = steps[at].args[0]
+            base = steps[at]
+            what = base.kernel.kind if base.kernel is not None else base.kind
+            where = f"{what} {list(base.shape)}"
+            out.append(f"{s.output}: {s.op} {list(s.shape)} <- {chain} <- {where}")
     return out
 
 
@@ -115,6 +164,7 @@ def plan(
                 "kernels": len(c.program.kernels),
                 "custom": sum(k.kind == "custom" for k in c.program.kernels),
                 "kinds": Counter(k.kind for k in c.program.kernels),
+                "view_copies": view_copies(c.program),
                 "import_s": t_import,
                 "compile_s": compile_s,
             }
@@ -160,6 +210,9 @@ def main() -> None:
         "--build", action="store_true", help="also time building the kernels (no GPU needed)"
     )
     ap.add_argument("--kinds", action="store_true", help="also count the kernels by kind")
+    ap.add_argument(
+        "--views", action="store_true", help="also list the views that copy at every call"
+    )
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
     ap.add_argument(
         "--training",
@@ -185,6 +238,10 @@ def main() -> None:
             )
             if a.kinds:
                 print("  kinds: " + ", ".join(f"{k} {v}" for k, v in p["kinds"].most_common()))
+            if a.views:
+                print(f"  views copying at every call: {len(p['view_copies'])}")
+                for line in p["view_copies"]:
+                    print("    " + line)
 
 
 if __name__ == "__main__":
