@@ -8,7 +8,7 @@ its crossings, the compile stages' seconds, and the kernel variants its runner b
 before the first call (with ``--build``, the seconds building them takes here, in
 parallel as a first call builds them; that needs no GPU): a quick check of placement and
 compile-time work before spending device time. ``--views`` lists the view steps that
-copy at every call (a reshape whose source it cannot view: ``view_copies``).
+copy at every call (a reshape whose source it cannot view: ``saturn.view_copies``).
 
     python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build]
         [--kinds] [--views] [--rewrites RULESET ...] [--training] NAME ...
@@ -53,54 +53,6 @@ def kernel_sources(program) -> list:
     return out
 
 
-DTYPES = {
-    "f32": torch.float32,
-    "f64": torch.float64,
-    "bf16": torch.bfloat16,
-    "f16": torch.float16,
-    "i32": torch.int32,
-    "i64": torch.int64,
-    "bool": torch.bool,
-    "u8": torch.uint8,
-}
-
-
-def view_copies(program) -> list[str]:
-    """The view steps that copy at every call: each view replayed (``run_host``, as the
-    runner does) on empty CPU tensors laid out as a step's buffer is (dense, row-major;
-    a channels-last buffer is not modelled), a reshape its source cannot view being a
-    copy. Each as ``output: op <- the views it reads through <- the step under them``."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():  # planned while a graph is traced: real tensors here
-        return _view_copies(program)
-
-
-def _view_copies(program) -> list[str]:
-    from saturn.host_ops import run_host
-
-    steps = {s.output: s for s in program.steps}
-    env: dict[str, torch.Tensor] = {}
-    out = []
-    for s in program.steps:
-        if s.kind != "view":
-            env[s.output] = torch.empty(s.shape, dtype=DTYPES.get(s.dtype, torch.float32))
-            continue
-        src = env[s.args[0]]
-        env[s.output] = v = run_host(s.op, [src], s.attrs, {})
-        if v.numel() and v.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
-            chain, at = [], s.args[0]
-            while steps[at].kind == "view":
-                a = steps[at].attrs  # a shape or axes first; a Slice's (dim, start, end, step)
-                chain.append(f"{steps[at].op}{list(a[0] if isinstance(a[0], tuple) else a)}")
-                at = steps[at].args[0]
-            base = steps[at]
-            what = base.kernel.kind if base.kernel is not None else base.kind
-            where = f"{what} {list(base.shape)}"
-            out.append(f"{s.output}: {s.op} {list(s.shape)} <- {chain} <- {where}")
-    return out
-
-
 def build_seconds(gens: list) -> float:
     """Wall time of building ``gens`` as a first call does (``cubins.precompile``, worker
     processes over this machine's cores) into an empty cache: PTX and cubins need no GPU."""
@@ -132,6 +84,7 @@ def plan(
     from saturn import backend, sdpa
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
+    from saturn.view_copies import view_copies
 
     planned: list[dict] = []
     real = backend.compile_cached

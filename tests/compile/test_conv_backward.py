@@ -53,6 +53,22 @@ def _gradients(conv, x, device=None, compiled=False):
     return [g.cpu() for g in grads]
 
 
+def _producer(steps: dict, v: str):
+    """The step computing what view ``v`` reads (through its chain of views)."""
+    while steps[v].kind == "view":
+        v = steps[v].args[0]
+    return steps[v]
+
+
+def _gpu_backward(model, x):
+    """The training step's backward graph, imported and compiled for the GPU machine."""
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.importer import import_graph
+
+    graph = import_graph(traced_step(model, x)[1], replacements=True).graph
+    return compile_graph(graph, machine="gpu", io_on_device=True).program
+
+
 def _copy(m):
     import copy
 
@@ -144,33 +160,21 @@ def test_the_per_image_weight_gradient_is_a_batched_product_and_a_sum():
     """For the GPU machine, without a GPU: the weight's gradient of a 3x3 convolution reads
     the gradient and the windows as they lie, a batch of products (a rank-3 GEMM) and a sum
     over the images, and no copy arranges an operand for the product."""
-    from saturn.eqsat.pipeline import compile_graph
-    from saturn.importer import import_graph
-
     torch.manual_seed(0)
     model = torch.nn.Conv2d(4, 8, 3, 1, 1, bias=False)
-    x = torch.randn(3, 4, 10, 10, requires_grad=True)
-    backward = compile_graph(
-        import_graph(traced_step(model, x)[1], replacements=True).graph,
-        machine="gpu",
-        io_on_device=True,
-    ).program
+    backward = _gpu_backward(model, torch.randn(3, 4, 10, 10, requires_grad=True))
     text = backward.to_text()
     steps = {s.output: s for s in backward.steps}
-
-    def producer(v: str):  # the step computing what view ``v`` reads
-        while steps[v].kind == "view":
-            v = steps[v].args[0]
-        return steps[v]
-
     gemms = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "gemm"]
     assert [len(s.shape) for s in gemms] == [3], text
     gemm = gemms[0].kernel
     # the gradient as it comes in, and the windows as joined: no copy in between
-    assert producer(gemm.inputs[0].value).kind == "input", text
-    assert producer(gemm.inputs[1].value).kernel.kind == "concat", text
+    assert _producer(steps, gemm.inputs[0].value).kind == "input", text
+    assert _producer(steps, gemm.inputs[1].value).kernel.kind == "concat", text
     sums = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "reduce"]
-    assert [producer(s.kernel.inputs[0].value).output for s in sums] == [gemms[0].output], text
+    assert [_producer(steps, s.kernel.inputs[0].value).output for s in sums] == [gemms[0].output], (
+        text
+    )
     assert backward.count("host") == 0, text
 
 
@@ -179,11 +183,8 @@ def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
     swapped, flipped weight from one take of the weight's elements, a depthwise weight's
     gradient is a reduction (no product), and no view step of
     the backward program has to copy (a reshape that cannot view its source copies it at
-    every call: the swap and flips through views did, twice a convolution). Views are
-    replayed on CPU tensors laid out as the runner's buffers (dense)."""
-    from saturn.eqsat.pipeline import compile_graph
-    from saturn.host_ops import run_host
-    from saturn.importer import import_graph
+    every call: the swap and flips through views did, twice a convolution)."""
+    from saturn.view_copies import view_copies
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -193,35 +194,26 @@ def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
         torch.nn.Conv2d(8, 8, 3, 1, 1, groups=8),  # depthwise: a reduction, no product
         torch.nn.Conv2d(8, 4, (3, 1), 1, (1, 0)),
     )
-    x = torch.randn(2, 3, 12, 12, requires_grad=True)
-    backward = compile_graph(
-        import_graph(traced_step(model, x)[1], replacements=True).graph,
-        machine="gpu",
-        io_on_device=True,
-    ).program
+    backward = _gpu_backward(model, torch.randn(2, 3, 12, 12, requires_grad=True))
     text = backward.to_text()
+    assert view_copies(backward) == [], text
     steps = {s.output: s for s in backward.steps}
-    dtypes = {"f32": torch.float32, "i32": torch.int32, "i64": torch.int64, "bool": torch.bool}
-    env = {}
-    for s in backward.steps:
-        if s.kind != "view":
-            env[s.output] = torch.empty(s.shape, dtype=dtypes[s.dtype])
-            continue
-        src = env[s.args[0]]
-        env[s.output] = out = run_host(s.op, [src], s.attrs, {})
-        same = out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
-        assert same or not out.numel(), f"{s.output} copies\n{text}"
-
-    def producer(v: str):
-        while steps[v].kind == "view":
-            v = steps[v].args[0]
-        return steps[v]
-
     convs = [s.kernel for s in backward.steps if s.kernel is not None and s.kernel.kind == "conv"]
     assert len(convs) == 4, text  # each input gradient, the image's too
-    assert [producer(k.inputs[1].value).kernel.kind for k in convs] == ["gather"] * 4, text
+    assert [_producer(steps, k.inputs[1].value).kernel.kind for k in convs] == ["gather"] * 4, text
     gemms = [s for s in backward.steps if s.kernel is not None and s.kernel.kind == "gemm"]
     assert len(gemms) == 3, text  # the depthwise weight's gradient is a reduction
+
+
+def test_view_copies_names_a_reshape_its_source_cannot_view():
+    """The replay finds a copying view: a 1x1 stride-2 convolution's windows are a strided
+    slice of its input, which the per-image weight gradient reshapes, copying it."""
+    from saturn.view_copies import view_copies
+
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(4, 8, 1, 2, bias=False)
+    copies = view_copies(_gpu_backward(model, torch.randn(2, 4, 8, 8)))
+    assert len(copies) == 1 and "Slice" in copies[0], copies
 
 
 @pytest.mark.gpu
