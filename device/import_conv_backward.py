@@ -9,11 +9,12 @@ terms the device already runs, so no convolution's backward crosses to the host.
   gradient, channels by (batch, rows, columns), times the input's windows (one strided
   slice of the padded input per kernel position), (batch, rows, columns) by (channels,
   kernel positions). Where that product has few output tiles (float32 and float64), one
-  product per image and group instead, summed over the images (decision 0123).
+  product per image and group instead, summed over the images; for a depthwise
+  convolution, one reduction of the gradient times the windows (decision 0123).
 - The bias's gradient is the output's gradient summed over batch, rows and columns.
 
-2-D convolutions, grouped too (depthwise ones: a batch of one-row products); transposed
-convolutions and symbolic sizes stay PyTorch's op.
+2-D convolutions, grouped and depthwise too; transposed convolutions and symbolic sizes
+stay PyTorch's op.
 """
 
 from __future__ import annotations
