@@ -18,15 +18,36 @@ from .take import take_geometry
 SCATTER_DTYPES = ("i32", "i64", "f32", "f64")  # the atomic adds codegen/atomics.py emits
 
 
+# rows shorter than this are added element by element across the grid (``flat``): a block
+# per row would leave most of its threads idle (a max pool's backward adds rows of one)
+FLAT_BELOW = 32
+FLAT_THREADS = 256
+
+
 def scatter_add_source(fn: str) -> tuple[str, Params]:
     """Rows of ``values`` ([n, d], any strides) added into a packed ``out`` table ([rows,
-    d], already holding the base table) at ``index``'s rows (1-D, any stride): a block per
-    value row (grid-stride over rows), its threads across the row, each element one atomic
-    add. A negative index counts from the end, as PyTorch's index_put; one outside
-    [-rows, rows) adds nothing and sets ``err[0]`` (for the launcher to raise)."""
+    d], already holding the base table) at ``index``'s rows (1-D, any stride), each element
+    one atomic add: with ``flat``, a thread per element (grid-stride over the n x d
+    elements, row by row); otherwise a block per value row (grid-stride over rows), its
+    threads across the row. A negative index counts from the end, as PyTorch's index_put;
+    one outside [-rows, rows) adds nothing and sets ``err[0]`` (for the launcher to
+    raise)."""
     lines = [
-        f"def {fn}(out, values, index, err, n, d, rows, vs0, vs1, is0):",
-        "    r = cuda.blockIdx.x",
+        f"def {fn}(out, values, index, err, n, d, rows, vs0, vs1, is0, flat):",
+        "    if flat:",
+        "        e = numba.int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x",
+        "        while e < n * d:",
+        "            r = e // d",
+        "            c = e - r * d",
+        "            j = numba.int64(index[r * is0])",
+        "            if j < 0:",
+        "                j += rows",
+        "            if j >= 0 and j < rows:",
+        "                atomic_add(out, j * d + c, values[r * vs0 + c * vs1])",
+        "            else:",
+        "                err[0] = 1",
+        "            e += cuda.gridDim.x * cuda.blockDim.x",
+        "    r = n if flat else cuda.blockIdx.x",
         "    while r < n:",
         "        j = numba.int64(index[r * is0])",
         "        if j < 0:",
@@ -43,7 +64,7 @@ def scatter_add_source(fn: str) -> tuple[str, Params]:
         "        r += cuda.gridDim.x",
     ]
     return "\n".join(lines), Params(
-        ["out", "values", "index", "err"], ["n", "d", "rows", "vs0", "vs1", "is0"]
+        ["out", "values", "index", "err"], ["n", "d", "rows", "vs0", "vs1", "is0", "flat"]
     )
 
 
@@ -90,8 +111,13 @@ class ScatterAddKernel:
                 raise KernelError(
                     f"a row add of values {[n, d]} got an index of shape {list(index[0])}"
                 )
-            blocks, threads = take_geometry(n, d, 1)
-            ints = [n, d, rows, vs0, vs1, index[1][0]]
+            flat = d < FLAT_BELOW
+            if flat:
+                threads = FLAT_THREADS
+                blocks = max(1, min(-(-n * d // threads), 132 * 16))
+            else:
+                blocks, threads = take_geometry(n, d, 1)
+            ints = [n, d, rows, vs0, vs1, index[1][0], int(flat)]
             p = self._plans[key] = (
                 n * d,
                 LaunchConfig(grid=blocks, block=threads),

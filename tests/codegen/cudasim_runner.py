@@ -1088,25 +1088,31 @@ def run_scatter_adds() -> int:
         short = {"float32": "f32", "float64": "f64", "int64": "i64", "int32": "i32"}
         g = cg.generate_scatter_add(short[name], short[np.dtype(itype).name])
         fn = cuda.jit(cg.python_function(g))
-        out = table.copy().reshape(-1)
-        err = np.zeros(1, dtype=np.int32)
         vs = [st // values.itemsize for st in values.strides]
-        fn[2, 32](out, base_of(values).copy().reshape(-1), index, err, n, d, rows, *vs, 1)
-        ok = np.allclose(out.reshape(rows, d), want, rtol=1e-6) and err[0] == 0
-        print(
-            f"{'ok' if ok else 'FAIL'} scatter add {name} {np.dtype(itype).name} "
-            f"t={transposed} d={d}"
-        )
-        failures += not ok
+        for flat in (0, 1):  # a block per row; a thread per element (short rows)
+            out = table.copy().reshape(-1)
+            err = np.zeros(1, dtype=np.int32)
+            src = base_of(values).copy().reshape(-1)
+            fn[2, 32](out, src, index, err, n, d, rows, *vs, 1, flat)
+            ok = np.allclose(out.reshape(rows, d), want, rtol=1e-6) and err[0] == 0
+            print(
+                f"{'ok' if ok else 'FAIL'} scatter add {name} {np.dtype(itype).name} "
+                f"t={transposed} d={d} flat={flat}"
+            )
+            failures += not ok
     g = cg.generate_scatter_add("f32", "i64")
     fn = cuda.jit(cg.python_function(g))
-    out = np.zeros(8, dtype=np.float32)
-    err = np.zeros(1, dtype=np.int32)
     index = np.array([1, 2, -3, 0], dtype=np.int64)  # 2 and -3 lie outside a table of 2 rows
-    fn[2, 32](out, np.ones(16, dtype=np.float32), index, err, 4, 4, 2, 4, 1, 1)
-    ok = err[0] == 1 and np.array_equal(out, np.ones(8, dtype=np.float32))
-    print(f"{'ok' if ok else 'FAIL'} scatter add out of range: word set, nothing added there")
-    failures += not ok
+    for flat in (0, 1):
+        out = np.zeros(8, dtype=np.float32)
+        err = np.zeros(1, dtype=np.int32)
+        fn[2, 32](out, np.ones(16, dtype=np.float32), index, err, 4, 4, 2, 4, 1, 1, flat)
+        ok = err[0] == 1 and np.array_equal(out, np.ones(8, dtype=np.float32))
+        print(
+            f"{'ok' if ok else 'FAIL'} scatter add out of range (flat={flat}): word set, "
+            "nothing added there"
+        )
+        failures += not ok
     return failures
 
 
