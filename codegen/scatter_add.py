@@ -112,9 +112,9 @@ class ScatterAddKernel:
                     f"a row add of values {[n, d]} got an index of shape {list(index[0])}"
                 )
             flat = d < FLAT_BELOW
-            if flat:
+            if flat:  # a block per FLAT_THREADS elements, under the same bounded grid
                 threads = FLAT_THREADS
-                blocks = max(1, min(-(-n * d // threads), 132 * 16))
+                blocks, _ = take_geometry(-(-n * d // threads), 1, 1)
             else:
                 blocks, threads = take_geometry(n, d, 1)
             ints = [n, d, rows, vs0, vs1, index[1][0], int(flat)]

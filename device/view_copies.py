@@ -14,18 +14,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from saturn.eqsat.program import Program, StepKind
 
+from .dtypes import TORCH_DTYPES
 from .host_ops import run_host
-
-_DTYPES = {
-    "f32": torch.float32,
-    "f64": torch.float64,
-    "bf16": torch.bfloat16,
-    "f16": torch.float16,
-    "i32": torch.int32,
-    "i64": torch.int64,
-    "bool": torch.bool,
-    "u8": torch.uint8,
-}
 
 
 def view_copies(program: Program) -> list[str]:
@@ -41,7 +31,7 @@ def _replayed(program: Program) -> list[str]:
     out = []
     for s in program.steps:
         if s.kind != StepKind.VIEW:
-            env[s.output] = torch.empty(s.shape, dtype=_DTYPES.get(s.dtype, torch.float32))
+            env[s.output] = torch.empty(s.shape, dtype=TORCH_DTYPES[s.dtype])
             continue
         src = env[s.args[0]]
         env[s.output] = v = run_host(s.op, [src], s.attrs, {})
