@@ -205,6 +205,29 @@ def test_the_input_gradients_weight_is_one_take_and_no_view_copies():
     assert len(gemms) == 3, text  # the depthwise weight's gradient is a reduction
 
 
+def test_a_half_depthwise_weight_gradient_sums_in_float32():
+    """bfloat16 depthwise convolution (a channel multiplier of 2, stride 2) on saturn:0:
+    the gradients no further from float32's than eager's bfloat16 ones are (twice that, as
+    the zoo's measure), the weight's computed as a reduction (no product in the backward)."""
+    import copy
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 12, 3, 2, 1, groups=6).to(torch.bfloat16)
+    x = torch.randn(2, 6, 9, 9, dtype=torch.bfloat16)
+    want = _gradients(conv, x)
+    want32 = _gradients(copy.deepcopy(conv).float(), x.float())
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    got = _gradients(conv, x, "saturn:0", compiled=True)
+    for g, r, r32 in zip(got, want, want32, strict=True):
+        assert g.dtype == torch.bfloat16
+        eager_off = (r.float() - r32).abs().max().item()
+        assert (g.float() - r32).abs().max().item() <= 2 * max(eager_off, 1e-3), (g, r32)
+    backward = _programs("saturn:0")[-1]
+    kinds = {k.kind for k in backward.kernels}
+    assert "reduce" in kinds and "gemm" not in kinds, backward.to_text()
+
+
 def test_view_copies_names_a_reshape_its_source_cannot_view():
     """The replay finds a copying view: a 1x1 stride-2 convolution's windows are a strided
     slice of its input, which the per-image weight gradient reshapes, copying it."""
