@@ -50,6 +50,18 @@ def depthwise(w_shape: tuple[int, ...], groups: int) -> bool:
     return groups > 1 and len(w_shape) == 4 and w_shape[1] == 1
 
 
+@functools.cache
+def _cudnn_types() -> dict:
+    import cudnn
+
+    return {
+        "f32": cudnn.data_type.FLOAT,
+        "f64": cudnn.data_type.DOUBLE,
+        "f16": cudnn.data_type.HALF,
+        "bf16": cudnn.data_type.BFLOAT16,
+    }
+
+
 def _handle(stream: int):
     import cudnn
 
@@ -95,15 +107,7 @@ class ConvPlan:
         the convolution; by default (None) they are admitted where it is depthwise (one
         input channel a group): there the compiled engines ran 1.5-14 times as fast as the
         precompiled ones, in both layouts and both dtypes (decision 0111)."""
-        import cudnn
-
-        types = {
-            "f32": cudnn.data_type.FLOAT,
-            "f64": cudnn.data_type.DOUBLE,
-            "f16": cudnn.data_type.HALF,
-            "bf16": cudnn.data_type.BFLOAT16,
-        }
-        if x.dtype not in types:
+        if x.dtype not in _cudnn_types():
             raise ConvError(f"no cuDNN convolution plan for dtype {x.dtype}")
         if len(x.shape) != 4 or len(w.shape) != 4:
             raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
@@ -124,24 +128,55 @@ class ConvPlan:
         )
         if tuple(out.shape) != want:
             raise ConvError(f"output {list(out.shape)} is not PyTorch's {list(want)}")
-        t = types[x.dtype]
+        self._plan(
+            lambda t, acc: self._graph(x, w, bias, out, p, t, acc, want),
+            x.dtype,
+            depthwise(w.shape, p.groups),
+            tf32,
+            tensor_cores,
+            runtime_compiled,
+            stream,
+        )
+        # what cuDNN was asked: a timed choice of plan is shared by every plan asked the same
+        self.problem = (
+            "cudnn",
+            x,
+            w,
+            bias,
+            out,
+            (p.stride, p.padding, p.dilation, p.groups),
+            tf32,
+            tensor_cores,
+            self.runtime_compiled,
+        )
+
+    def _plan(
+        self, graph, dtype: str, compiled_first: bool, tf32, tensor_cores, runtime_compiled, stream
+    ) -> None:
+        """Build ``graph(io type, accumulator type)``'s plans (the graph and its tensors in
+        ``run``'s order), with TF32 and runtime-compiled engines admitted as ``__init__``
+        says; ``compiled_first``: where ``runtime_compiled`` is None, try the compiled
+        engines first (a depthwise convolution's)."""
+        import cudnn
+
+        t = _cudnn_types()[dtype]
         # half operands accumulate in float32 and round once (as eager's cuDNN call does)
-        acc = cudnn.data_type.FLOAT if x.dtype in ("f16", "bf16") else t
+        acc = cudnn.data_type.FLOAT if dtype in ("f16", "bf16") else t
         self.stream = stream
         self.handle = _handle(stream)
         # the tries in order, compiled engines admitted or not (a depthwise convolution's
         # plan falls back to precompiled ones should runtime compilation fail)
         if runtime_compiled is None:
-            tries = (True, False) if depthwise(w.shape, p.groups) else (False, True)
+            tries = (True, False) if compiled_first else (False, True)
         else:
             tries = (True,) if runtime_compiled else (False, True)
         for n, admit_compiled in enumerate(tries):
             try:
-                g, tensors = self._graph(x, w, bias, out, p, t, acc, want)
+                g, tensors = graph(t, acc)
                 g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-                if x.dtype == "f32" and tensor_cores:
+                if dtype == "f32" and tensor_cores:
                     g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
-                elif x.dtype == "f32" and not tf32:
+                elif dtype == "f32" and not tf32:
                     g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
                 if not admit_compiled:
                     g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
@@ -154,18 +189,6 @@ class ConvPlan:
                 if n == len(tries) - 1:
                     raise ConvError(f"cuDNN could not plan this convolution: {e}") from e
         self.runtime_compiled = admit_compiled
-        # what cuDNN was asked: a timed choice of plan is shared by every plan asked the same
-        self.problem = (
-            "cudnn",
-            x,
-            w,
-            bias,
-            out,
-            (p.stride, p.padding, p.dilation, p.groups),
-            tf32,
-            tensor_cores,
-            admit_compiled,
-        )
         self.graph = g
         self.uids = tuple(tt.get_uid() for tt in tensors)
         self.workspace_size = int(g.get_workspace_size())

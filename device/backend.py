@@ -207,7 +207,9 @@ def compile_fx(
         io_on_device=io_on_device,
     )
     CACHE.disk_hits += from_disk
-    if device.index >= 1 and any(k.kind == Kind.CONV for k in compiled.program.kernels):
+    if device.index >= 1 and any(
+        k.kind in (Kind.CONV, Kind.CONV_GRAD) for k in compiled.program.kernels
+    ):
         from saturn.codegen.conv import cudnn_unavailable
 
         if (why := cudnn_unavailable()) is not None:

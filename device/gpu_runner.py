@@ -410,12 +410,12 @@ def _launch_emitted(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Te
     r.launchers[s.output].launch(r.stream, out, ops, r)
 
 
-@BUILD.on(Kind.GEMM, Kind.CONV)
+@BUILD.on(Kind.GEMM, Kind.CONV, Kind.CONV_GRAD)
 def _build_library(r: GpuRunner, s: Step, cc) -> None:
     """Nothing before the first call: a plan depends on its operands' layouts."""
 
 
-@LAUNCH.on(Kind.GEMM, Kind.CONV)
+@LAUNCH.on(Kind.GEMM, Kind.CONV, Kind.CONV_GRAD)
 def _launch_library(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
     k = s.kernel
     key = tuple(layout(t) for t in ops)

@@ -99,6 +99,12 @@ ADAPTERS = {
     "Conv2dNoBias": lambda x, w, st, pa, di, g: torch.ops.aten.convolution.default(
         x, w, None, list(st), list(pa), list(di), False, [0, 0], g
     ),
+    "ConvInputGrad": lambda g, w, shape, st, pa, di, gr: torch.nn.grad.conv2d_input(
+        list(shape), w, g, list(st), list(pa), list(di), gr
+    ),
+    "ConvWeightGrad": lambda g, x, shape, st, pa, di, gr: torch.nn.grad.conv2d_weight(
+        x, list(shape), g, list(st), list(pa), list(di), gr
+    ),
 }
 
 

@@ -1,5 +1,8 @@
-"""Importer handler for ``convolution_backward`` (a training graph's): each gradient in
-terms the device already runs, so no convolution's backward crosses to the host.
+"""Importer handler for ``convolution_backward`` (a training graph's). On a GPU target the
+input's and the weight's gradients are the ops ``ConvInputGrad`` and ``ConvWeightGrad``
+(cuDNN's backward-data and backward-filter, as eager CUDA runs them; decision 0125). For
+saturn:0, each gradient in terms the device already runs, so no convolution's backward
+crosses to the host:
 
 - The input's gradient is a convolution: the output's gradient spread by the stride (zeros
   between its rows and columns), padded by the kernel's extent less the padding, with the
@@ -221,6 +224,11 @@ def _weight_gradient_per_image(imp, g: str, x: str, w_shape, stride, padding, di
     return imp.add(Node(imp.fresh("wgrad_view"), "View", (prod,), (shape,), dtype, shape))
 
 
+# GPU targets take the input's and the weight's gradients from cuDNN; False writes them out
+# as on saturn:0 (an A/B of the two, and the tests of the written-out form's GPU program)
+LIBRARY_GRADIENTS = True
+
+
 def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
     """``convolution_backward(grad, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)``: the gradients ``output_mask`` asks
@@ -246,11 +254,23 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
         return None
     stride, padding, dilation = (tuple(int(v) for v in a) for a in (stride, padding, dilation))
     results: list[str | None] = [None, None, None]
-    if mask[0]:
+    library = imp.gpu and LIBRARY_GRADIENTS
+    if library:  # cuDNN's backward-data and backward-filter (decision 0125)
+        conv = (stride, padding, dilation, groups)
+        for i, op, other, shape in (
+            (0, "ConvInputGrad", wn, xn.shape),
+            (1, "ConvWeightGrad", xn, wn.shape),
+        ):
+            if mask[i]:
+                attrs = (tuple(shape), *conv)
+                results[i] = imp.add(
+                    Node(imp.fresh(op), op, (gn.name, other.name), attrs, dtype, tuple(shape))
+                )
+    elif mask[0]:
         results[0] = input_gradient(
             imp, gn.name, wn.name, tuple(xn.shape), stride, padding, dilation, groups
         )
-    if mask[1]:
+    if mask[1] and not library:
         results[1] = _weight_gradient(
             imp, gn.name, xn.name, tuple(wn.shape), stride, padding, dilation, groups
         )

@@ -10,6 +10,7 @@ import logging
 import torch
 
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
+from saturn.codegen.conv_grad import ConvGradPlan
 from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
 from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
 from saturn.eqsat.kinds import Kind
@@ -106,7 +107,7 @@ class LibraryPlans:
                 if not dense(t)
             }
 
-        if k.kind == Kind.CONV:
+        if k.kind in (Kind.CONV, Kind.CONV_GRAD):
             # cuDNN takes strided operands without complaint but, handed a convolution
             # backward's swapped weight (a permuted view), computed wrong values on the
             # H200: a convolution's operands are planned packed, never strided
@@ -160,6 +161,8 @@ class LibraryPlans:
         """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split
         plan is timed against the float32 one and kept only where faster (as for GEMMs)."""
         a = k.attrs
+        if k.kind == Kind.CONV_GRAD:
+            return self._conv_grad_plan(k, key, ptrs)
         x, w, bias = key[0], key[1], key[2] if a["bias"] else None
         out = self.buffers[k.output]
         if a.get("channels_last"):  # NHWC memory, handed to cuDNN with its NCHW extents
@@ -195,7 +198,27 @@ class LibraryPlans:
                     plan, ws = split, sws
                 else:
                     plan.timings = split.timings
-        # one buffer for every convolution, grown as plans need more (_share_conv_workspaces)
+        return self._keep_conv_workspace(k, plan, ws)
+
+    def _conv_grad_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
+        """A convolution gradient's plan (cuDNN's backward-data or backward-filter), tuned
+        on this call's operands, sharing the convolutions' workspace. ``tf32x3`` has no
+        split form here: its gradients compute in float32."""
+        a = k.attrs
+        params = ConvParams(
+            tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
+        )
+        out = layout(self.buffers[k.output])
+        plan = ConvGradPlan(
+            a["of"], key[0], key[1], out, params, self.stream, self.precision == "tf32"
+        )
+        plan.autotune(ptrs, self._workspace)
+        self._scratch = None
+        return self._keep_conv_workspace(k, plan, self._conv_workspace(plan.workspace_size))
+
+    def _keep_conv_workspace(self, k, plan, ws: torch.Tensor):
+        """One buffer for every convolution step, grown as plans need more
+        (``_share_conv_workspaces``); returns ``plan``."""
         if self._conv_ws is None or self._conv_ws.numel() < ws.numel():
             self._conv_ws = ws
         self.workspaces[k.output] = self._conv_ws

@@ -185,6 +185,11 @@ class CostModel:
 
 def contraction_flops(op: str, out: Type, a: Type, b: Type) -> float:
     """Multiply-adds (x2) of a matrix product or convolution producing ``out``."""
+    if op in ("ConvInputGrad", "ConvWeightGrad"):
+        # the forward's multiply-adds: the output's gradient ``a`` times (input channels
+        # per group x kernel window), read off the weight (an operand, or the result)
+        w = b if op == "ConvInputGrad" else out
+        return 2.0 * math.prod(a[1]) * math.prod(w[1][1:])
     if op in ("Conv", "Conv2d", "Conv2dNoBias"):
         k = math.prod(b[1][1:])  # input channels per group x kernel window
     else:

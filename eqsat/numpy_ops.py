@@ -90,6 +90,10 @@ def apply_op(op: str, args: list[np.ndarray], attrs: tuple, dtype: str) -> np.nd
         if op in ("Conv2d", "Conv2dNoBias"):
             b = args[2] if op == "Conv2d" else None
             return conv2d(args[0], args[1], b, *attrs)
+        if op == "ConvInputGrad":
+            return conv2d_input_grad(args[0], args[1], *attrs)
+        if op == "ConvWeightGrad":
+            return conv2d_weight_grad(args[0], args[1], *attrs)
         if row.category in (ot.GATHER, ot.SCATTER, ot.COPY) and row.numpy is not None:
             return row.numpy(*args, *attrs)  # moves (or adds) values in their own dtype
         if op == "RMSNorm":
@@ -104,7 +108,7 @@ def conv2d(x, w, b, stride, padding, dilation, groups) -> np.ndarray:
     """Cross-correlation as PyTorch's conv2d (NCHW, OIHW weights), by windows and einsum."""
 
     o, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+    xp = _padded(x, padding)
     win = np.lib.stride_tricks.sliding_window_view(
         xp, ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1), axis=(2, 3)
     )
@@ -119,6 +123,54 @@ def conv2d(x, w, b, stride, padding, dilation, groups) -> np.ndarray:
     if b is not None:
         y = y + b.reshape(1, -1, 1, 1)
     return y.astype(x.dtype)
+
+
+def _padded(x: np.ndarray, padding) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+
+
+def conv2d_input_grad(g, w, shape, stride, padding, dilation, groups) -> np.ndarray:
+    """The gradient of ``conv2d``'s input of ``shape`` given the output's ``g``: each
+    kernel position's products added into the padded input at the positions it read,
+    in float64, the padding cut off."""
+    n, c, h, wd = shape
+    k, cg, kh, kw = w.shape
+    kg, (ho, wo) = k // groups, g.shape[2:]
+    dx = np.zeros((n, c, h + 2 * padding[0], wd + 2 * padding[1]), np.float64)
+    for gi in range(groups):
+        gs = g[:, gi * kg : (gi + 1) * kg].astype(np.float64)
+        ws = w[gi * kg : (gi + 1) * kg].astype(np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                r, q = i * dilation[0], j * dilation[1]
+                rows = slice(r, r + stride[0] * (ho - 1) + 1, stride[0])
+                cols = slice(q, q + stride[1] * (wo - 1) + 1, stride[1])
+                dx[:, gi * cg : (gi + 1) * cg, rows, cols] += np.einsum(
+                    "nkhw,kc->nchw", gs, ws[:, :, i, j]
+                )
+    dx = dx[:, :, padding[0] : padding[0] + h, padding[1] : padding[1] + wd]
+    return dx.astype(g.dtype)
+
+
+def conv2d_weight_grad(g, x, shape, stride, padding, dilation, groups) -> np.ndarray:
+    """The gradient of ``conv2d``'s weight of ``shape`` given the output's ``g`` and the
+    input ``x``: per group, the gradient contracted with the input's windows, in float64."""
+    k, cg, kh, kw = shape
+    kg = k // groups
+    win = np.lib.stride_tricks.sliding_window_view(
+        _padded(x, padding), ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1), axis=(2, 3)
+    )
+    win = win[:, :, :: stride[0], :: stride[1], :: dilation[0], :: dilation[1]]
+    outs = [
+        np.einsum(
+            "nkhw,nchwij->kcij",
+            g[:, gi * kg : (gi + 1) * kg],
+            win[:, gi * cg : (gi + 1) * cg],
+            dtype=np.float64,
+        )
+        for gi in range(groups)
+    ]
+    return np.concatenate(outs, axis=0).astype(g.dtype)
 
 
 def eval_expr(e: Expr, operands: list[np.ndarray], stages: list | None = None) -> np.ndarray:

@@ -32,8 +32,9 @@ WIDE_FLOATS = ("f32", "f64")
 # (cuBLASLt) and round once.
 HALVES = ("f16", "bf16")
 HALF_GEMMS = ("MatMul", "BatchMatMul", "Addmm")
-# convolutions on half operands: cuDNN, float32 accumulation (the fact covers Conv2dNoBias)
-HALF_CONVS = ("Conv2d",)
+# convolutions on half operands: cuDNN, float32 accumulation (the fact covers Conv2dNoBias),
+# and their gradients (cuDNN's backward-data and backward-filter, as eager CUDA's)
+HALF_CONVS = ("Conv2d", "ConvInputGrad", "ConvWeightGrad")
 
 NUMPY_DTYPE = {
     "bool": np.bool_,

@@ -491,6 +491,41 @@ OPS: tuple[Op, ...] = (
         dtypes=DEVICE_FLOATS,
         shape="conv2d",
     ),
+    # a convolution's gradients (a training graph's convolution_backward on GPU targets):
+    # the input's from the output's gradient and the weight, the weight's from the output's
+    # gradient and the input; ``shape`` is the gradient's (the input's or the weight's)
+    Op(
+        "ConvInputGrad",
+        CONVOLUTION,
+        2,
+        (
+            ("shape", "ints"),
+            ("stride", "ints"),
+            ("padding", "ints"),
+            ("dilation", "ints"),
+            ("groups", "int"),
+        ),
+        (),
+        dtypes=DEVICE_FLOATS,
+        shape="conv_input_grad",
+        doc="the gradient of conv2d's input: grad [N, K, Ho, Wo], weight [K, C/g, kh, kw]",
+    ),
+    Op(
+        "ConvWeightGrad",
+        CONVOLUTION,
+        2,
+        (
+            ("shape", "ints"),
+            ("stride", "ints"),
+            ("padding", "ints"),
+            ("dilation", "ints"),
+            ("groups", "int"),
+        ),
+        (),
+        dtypes=DEVICE_FLOATS,
+        shape="conv_weight_grad",
+        doc="the gradient of conv2d's weight: grad [N, K, Ho, Wo], input [N, C, H, W]",
+    ),
     # rows of a table (embedding, index_select along the first axis, x[index])
     Op(
         "Take",

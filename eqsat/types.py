@@ -75,6 +75,21 @@ def conv_shape(x: Shape, w: Shape, stride, padding, dilation, groups) -> Shape:
     return (x[0], w[0], *hw)
 
 
+def conv_grad_shape(
+    g: Shape, x: Shape, w: Shape, stride, padding, dilation, groups, of_input: bool
+) -> Shape:
+    """A convolution gradient's shape: the input's ``x`` (``of_input``) or the weight's
+    ``w``, checked against the output's gradient ``g`` and the other operand."""
+    if len(g) != 4 or len(x) != 4 or len(w) != 4 or groups < 1:
+        raise ValueError("a conv2d gradient takes rank-4 tensors and a group count >= 1")
+    if w[0] % groups:
+        raise ValueError(f"conv2d: {w[0]} output channels in {groups} groups")
+    out = conv_shape(x, w, stride, padding, dilation, groups)
+    if out != tuple(g):
+        raise ValueError(f"conv2d of {list(x)} by {list(w)} gives {list(out)}, not {list(g)}")
+    return tuple(x) if of_input else tuple(w)
+
+
 def take_shape(table: Shape, index: Shape) -> Shape:
     if len(table) != 2:
         raise ValueError(f"Take reads a 2-D table, got rank {len(table)}")
@@ -195,6 +210,10 @@ def shape_of(row: ot.Op, shapes: list[Shape], attrs: tuple) -> Shape:
         return (a[0], a[1], b[2])
     if rule == "conv2d":
         return conv_shape(shapes[0], shapes[1], *attrs)
+    if rule == "conv_input_grad":
+        return conv_grad_shape(shapes[0], tuple(attrs[0]), shapes[1], *attrs[1:], True)
+    if rule == "conv_weight_grad":
+        return conv_grad_shape(shapes[0], shapes[1], tuple(attrs[0]), *attrs[1:], False)
     if rule == "take":
         return take_shape(shapes[0], shapes[1])
     if rule == "index_add":

@@ -1,7 +1,9 @@
-"""A convolution's backward compiled with no host op (decision 0088): the input's gradient
-as a convolution of the spread, padded output gradient by the flipped weight, the weight's
-as one product with the input's windows, the bias's as a sum; each as eager's on the CPU
-(float32 sums in another order: within 1e-5 of the largest gradient). Grouped and
+"""A convolution's backward compiled with no host op. On GPU targets the input's and the
+weight's gradients are cuDNN's backward-data and backward-filter (decision 0125); written
+out (saturn:0, and GPU targets with ``LIBRARY_GRADIENTS`` off; decision 0088), the input's
+gradient is a convolution of the spread, padded output gradient by the flipped weight, the
+weight's a product with the input's windows; the bias's is a sum. Each as eager's on the
+CPU (float32 sums in another order: within 1e-5 of the largest gradient). Grouped and
 depthwise convolutions too; what declines (a transposed convolution) stays PyTorch's op."""
 
 from __future__ import annotations
@@ -60,12 +62,18 @@ def _producer(steps: dict, v: str):
     return steps[v]
 
 
-def _gpu_backward(model, x):
-    """The training step's backward graph, imported and compiled for the GPU machine."""
+def _gpu_backward(model, x, library: bool = False):
+    """The training step's backward graph, imported and compiled for the GPU machine, its
+    convolution gradients cuDNN's (``library``) or written out."""
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
-    graph = import_graph(traced_step(model, x)[1], replacements=True).graph
+    was = import_conv_backward.LIBRARY_GRADIENTS
+    import_conv_backward.LIBRARY_GRADIENTS = library
+    try:
+        graph = import_graph(traced_step(model, x)[1], replacements=True).graph
+    finally:
+        import_conv_backward.LIBRARY_GRADIENTS = was
     return compile_graph(graph, machine="gpu", io_on_device=True).program
 
 
@@ -98,6 +106,9 @@ def test_convolution_backward_runs_on_the_device(dev, name, form, monkeypatch):
     assert len(progs) == 2
     for prog in progs:
         assert _host_ops(prog) == [], prog.to_text()
+    # on a GPU, each gradient is cuDNN's (the bias's a sum)
+    grads = [k.attrs["of"] for k in progs[1].kernels if k.kind == "conv_grad"]
+    assert sorted(grads) == ([] if dev == "saturn:0" else ["input", "weight"]), grads
 
 
 def test_a_transposed_convolution_backward_stays_pytorchs_op():
@@ -114,14 +125,19 @@ def test_a_transposed_convolution_backward_stays_pytorchs_op():
     assert "aten.convolution_backward.default" in _host_ops(backward), backward.to_text()
 
 
+@pytest.mark.parametrize("library", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtype):
+def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(
+    dtype, library, monkeypatch
+):
     """Without a GPU: a small CNN's backward graph (strided, 1x1, depthwise and grouped
     convolutions, a bias), imported and compiled for the GPU machine in float32 and in
-    bfloat16, has no host step and no crossing: every gradient is a device kernel."""
+    bfloat16, has no host step and no crossing: every gradient is a device kernel, cuDNN's
+    gradient plans (one a gradient, the image's included) or written out."""
     from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
 
+    monkeypatch.setattr(import_conv_backward, "LIBRARY_GRADIENTS", library)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, 2, 1, bias=False),
@@ -140,8 +156,13 @@ def test_convolution_backward_graphs_compile_for_the_gpu_without_host_steps(dtyp
     assert len(programs) == 2
     backward = programs[1]
     assert backward.count("host") == 0 and backward.count("crossing") == 0, backward.to_text()
-    kinds = {k.kind for k in backward.kernels}
-    assert {"conv", "gemm"} <= kinds, kinds
+    kinds = [k.kind for k in backward.kernels]
+    if library:
+        grads = sorted(k.attrs["of"] for k in backward.kernels if k.kind == "conv_grad")
+        assert grads == ["input"] * 4 + ["weight"] * 4, grads
+        assert "conv" not in kinds and "gemm" not in kinds, kinds
+    else:
+        assert {"conv", "gemm"} <= set(kinds), kinds
 
 
 def test_the_weight_gradient_form_follows_the_products_tiles():
@@ -254,3 +275,87 @@ def test_half_convolution_backward_on_the_gpu():
         )
     for prog in _programs("saturn:1"):
         assert _host_ops(prog) == [], prog.to_text()
+
+
+def _grad_graph(g, x, w, conv) -> str:
+    dims = {"f32": "f32", torch.float32: "f32", torch.float64: "f64", torch.float16: "f16"}
+    d = dims[g.dtype]
+
+    def iv(t):
+        return "[" + " ".join(str(int(v)) for v in t) + "]"
+
+    st, pa, di, gr = conv
+    attrs = f"{iv(st)} {iv(pa)} {iv(di)} {gr}"
+    return (
+        f"(input g {d} {iv(g.shape)})\n(input x {d} {iv(x.shape)})\n(param w {d} {iv(w.shape)})\n"
+        f"(let a (ConvInputGrad g w {iv(x.shape)} {attrs}))\n"
+        f"(let b (ConvWeightGrad g x {iv(w.shape)} {attrs}))\n(output a b)\n"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_the_gradient_ops_are_cudnn_kernels_with_eagers_values(name):
+    """Without a GPU: ``ConvInputGrad`` and ``ConvWeightGrad`` compile for the GPU machine
+    to one cuDNN gradient kernel each, and the program (its kernels' references), the
+    graph (the op table's semantics) and saturn:0's host ops all give eager's gradients."""
+    import numpy as np
+
+    from saturn.eqsat import evaluate as ev
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.host_ops import run_host
+
+    cin, cout, k, s, p, d, _bias, (n, h, w), *groups = CONVS[name]
+    gr = groups[0] if groups else 1
+    conv = (*((v, v) if isinstance(v, int) else v for v in (s, p, d)), gr)
+    k = (k, k) if isinstance(k, int) else k
+    torch.manual_seed(0)
+    x = torch.randn(n, cin, h, w, dtype=torch.float64)
+    wt = torch.randn(cout, cin // gr, *k, dtype=torch.float64)
+    g = torch.randn_like(torch.nn.functional.conv2d(x, wt, None, *conv))
+    st, pa, di = (list(v) for v in conv[:3])
+    want = torch.ops.aten.convolution_backward(
+        g, x, wt, None, st, pa, di, False, [0, 0], gr, [True, True, False]
+    )[:2]
+    graph = parse_graph(_grad_graph(g, x, wt, conv))
+    prog = compile_graph(graph, machine="gpu", io_on_device=True).program
+    assert [(k.kind, k.attrs["of"]) for k in prog.kernels] == [
+        ("conv_grad", "input"),
+        ("conv_grad", "weight"),
+    ], prog.to_text()
+    inputs = {"g": g.numpy(), "x": x.numpy(), "w": wt.numpy()}
+    host = [
+        run_host("ConvInputGrad", [g, wt], (tuple(x.shape), *conv), {}),
+        run_host("ConvWeightGrad", [g, x], (tuple(wt.shape), *conv), {}),
+    ]
+    for got in (ev.eval_program(prog, inputs), ev.eval_graph(graph, inputs), host):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(a), b.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_gradient_op_of_the_wrong_shape_is_refused_with_its_shapes():
+    from saturn.eqsat.errors import EqsatError
+    from saturn.eqsat.graph import parse_graph
+
+    g, x, w = torch.zeros(2, 4, 8, 8), torch.zeros(2, 3, 8, 8), torch.zeros(4, 3, 3, 3)
+    text = _grad_graph(g, x, w, ((1, 1), (0, 0), (1, 1), 1))  # padding 0 gives 6 x 6
+    with pytest.raises(EqsatError, match=r"gives \[2, 4, 6, 6\], not \[2, 4, 8, 8\]"):
+        parse_graph(text)
+    text = _grad_graph(g, x, w, ((1, 1), (1, 1), (1, 1), 2))  # 3 channels in 2 groups
+    with pytest.raises(EqsatError, match="input channels"):
+        parse_graph(text)
+
+
+def test_half_gradient_ops_are_cudnn_kernels_on_the_gpu_machine_only():
+    """float16 gradients place on the GPU machine (cuDNN accumulates in float32 and rounds
+    once); saturn:0's machine has no half kernels, so there they stay host ops."""
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.pipeline import compile_graph
+
+    shapes = ((2, 4, 8, 8), (2, 3, 8, 8), (4, 3, 3, 3))
+    g, x, w = (torch.zeros(s, dtype=torch.float16) for s in shapes)
+    graph = parse_graph(_grad_graph(g, x, w, ((1, 1), (1, 1), (1, 1), 1)))
+    gpu = compile_graph(graph, machine="gpu", io_on_device=True).program
+    assert [k.kind for k in gpu.kernels] == ["conv_grad", "conv_grad"], gpu.to_text()
+    cpu = compile_graph(graph, machine="cpu-reference").program
+    assert cpu.kernels == [] and cpu.count("host") == 2, cpu.to_text()

@@ -102,6 +102,21 @@ def gelu_written(x):  # Hugging Face's NewGELUActivation
     )
 
 
+def conv_grads(dtype: torch.dtype) -> list[torch.Tensor]:
+    """The output's gradient and the image (special rows among ordinary ones), a weight."""
+    g = rows(dtype, 4)[:16].reshape(2, 2, 4, 4)
+    x = rows(dtype, 4).flip(0)[:16].reshape(2, 2, 4, 4)
+    return [g, x, images(dtype)[1]]
+
+
+def _conv_grads(g, x, w, which: int) -> torch.Tensor:
+    mask = [which == 0, which == 1, False]
+    grads = torch.ops.aten.convolution_backward(
+        g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
+    )
+    return grads[which]
+
+
 @dataclass
 class Case:
     fn: Callable
@@ -217,6 +232,14 @@ CASES: dict[str, Case] = {
     # halves on the GPU too (cuDNN, float32 accumulation); a half bias is an add after it
     "place-conv-nobias": Case(
         lambda x, w, b: F.conv2d(x, w, padding=1), images, FLOATS, True, sums=True
+    ),
+    # a convolution's gradients, cuDNN's on GPU targets (the importer writes them out for
+    # saturn:0): special values in the output's gradient and in the image
+    "place-conv-input-grad": Case(
+        lambda g, x, w: _n(_conv_grads(g, x, w, 0)), conv_grads, FLOATS, True, sums=True
+    ),
+    "place-conv-weight-grad": Case(
+        lambda g, x, w: _n(_conv_grads(g, x, w, 1)), conv_grads, FLOATS, True, sums=True
     ),
     # gather: data movement kernels standing for PyTorch's ops
     "place-take": Case(lambda t, i: _n(t[i]), table, WIDE),

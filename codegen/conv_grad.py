@@ -1,0 +1,93 @@
+"""A 2-D convolution's gradients through cuDNN's graph API: backward-data (the input's)
+and backward-filter (the weight's), planned once for one set of layouts and tuned as the
+forward convolution's plans are (``codegen/conv.py``), on the runner's stream and shared
+convolution workspace."""
+
+from __future__ import annotations
+
+from .conv import ConvError, ConvParams, ConvPlan, _cudnn_types, depthwise, torch_output_extent
+from .gemm import Layout
+
+
+class ConvGradPlan(ConvPlan):
+    """A 2-D convolution's gradient for fixed layouts: the input's (``of="input"``: cuDNN's
+    backward-data, from the output's gradient and the weight) or the weight's
+    (``of="weight"``: backward-filter, from the output's gradient and the input), as eager
+    CUDA's ``convolution_backward`` computes them. ``run`` takes the pointers of the
+    output's gradient, the other operand and the result, in that order; ``autotune`` as
+    the convolution's. Half types accumulate in float32 and round once; float32 keeps
+    float32 engines unless ``tf32``."""
+
+    def __init__(
+        self,
+        of: str,
+        grad: Layout,
+        other: Layout,
+        out: Layout,
+        p: ConvParams,
+        stream: int,
+        tf32: bool = False,
+    ):
+        if of not in ("input", "weight"):
+            raise ConvError(f"a convolution has no gradient of its {of!r}")
+        if grad.dtype not in _cudnn_types():
+            raise ConvError(f"no cuDNN convolution plan for dtype {grad.dtype}")
+        if any(len(t.shape) != 4 for t in (grad, other, out)):
+            raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
+        x, w = (out, other) if of == "input" else (other, out)
+        if x.shape[1] != w.shape[1] * p.groups or w.shape[0] % p.groups:
+            raise ConvError(
+                f"{x.shape[1]} input channels do not match weight {list(w.shape)} "
+                f"with {p.groups} groups"
+            )
+        want = (
+            x.shape[0],
+            w.shape[0],
+            *(
+                torch_output_extent(
+                    x.shape[2 + i], w.shape[2 + i], p.stride[i], p.padding[i], p.dilation[i]
+                )
+                for i in range(2)
+            ),
+        )
+        if tuple(grad.shape) != want:
+            raise ConvError(f"output gradient {list(grad.shape)} is not PyTorch's {list(want)}")
+        self._plan(
+            lambda t, acc: self._grad_graph(of, grad, other, out, p, t, acc),
+            grad.dtype,
+            depthwise(w.shape, p.groups),
+            tf32,
+            False,
+            None,
+            stream,
+        )
+        self.problem = (
+            f"cudnn-{of}-grad",
+            grad,
+            other,
+            None,
+            out,
+            (p.stride, p.padding, p.dilation, p.groups),
+            tf32,
+            False,
+            self.runtime_compiled,
+        )
+
+    def _grad_graph(self, of: str, grad: Layout, other: Layout, out: Layout, p, t, acc):
+        import cudnn
+
+        g = cudnn.pygraph(
+            io_data_type=t, intermediate_data_type=acc, compute_data_type=acc, handle=self.handle
+        )
+        dy = g.tensor(name="dy", dim=list(grad.shape), stride=list(grad.strides), data_type=t)
+        o = g.tensor(name="o", dim=list(other.shape), stride=list(other.strides), data_type=t)
+        conv = {"padding": list(p.padding), "stride": list(p.stride), "dilation": list(p.dilation)}
+        if of == "input":
+            r = g.conv_dgrad(loss=dy, filter=o, compute_data_type=acc, **conv)
+        else:
+            r = g.conv_wgrad(image=o, loss=dy, compute_data_type=acc, **conv)
+        r.set_output(True).set_data_type(t)
+        r.set_dim(list(out.shape)).set_stride(list(out.strides))
+        g.validate()
+        g.build_operation_graph()
+        return g, [dy, o, r]
