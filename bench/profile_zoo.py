@@ -65,11 +65,11 @@ def profile_training(name: str, dtype: torch.dtype, size: str, top: int) -> None
     model, inputs = zoo.build(name, size)
     m, xs = zoo.moved(model, inputs, GPU, dtype)
     torch._dynamo.reset()
-    sat = torch.compile(m, backend="saturn", dynamic=False)
     opt = torch.optim.SGD(m.parameters(), lr=zoo_training.LR)
+    step = zoo_training.Step(m, opt, zoo._first, zoo_training.saturn_compile)
     print(f"== {name} {dtype}: saturn, one training step", flush=True)
     print_kernels(
-        lambda: zoo_training.step(sat, xs, opt, zoo._first),
+        lambda: step(xs),
         lambda: torch.saturn.synchronize(GPU),
         top=top,
     )

@@ -611,8 +611,8 @@ def main() -> None:
     ap.add_argument(
         "--training",
         action="store_true",
-        help="time and check one training step (forward, loss, backward, SGD) instead of "
-        "inference (bench/zoo_training.py)",
+        help="time and check one training step (forward, loss, backward, SGD; all compiled) "
+        "instead of inference (bench/zoo_training.py)",
     )
     ap.add_argument(
         "--rewrites",

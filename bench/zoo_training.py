@@ -1,6 +1,7 @@
 """One training step of a zoo model (``bench/zoo.py --training``): forward, a loss (the mean
 square of the first output, in float32; its gradient divided by its value), backward and an
-SGD step, compiled by saturn, against the same step in eager and under Inductor.
+SGD step, all compiled by saturn (the forward with its loss, whose backward comes with it,
+and the optimizer's step), against the same step in eager and compiled by Inductor.
 
 The model stays in eval mode with gradients on (no dropout, batch norm's running
 statistics): two processes draw no common random numbers, so a step with dropout could not
@@ -30,32 +31,46 @@ import torch
 LR = 1e-3
 
 
-def step(model, inputs, opt, first) -> torch.Tensor:
-    """One step: zero the gradients, forward, the loss, backward, update. ``first`` picks
-    the output tensor the loss is taken of (``zoo._first``). The loss returned is the one
-    before the update."""
-    opt.zero_grad(set_to_none=False)
-    loss = first(model(*inputs)).float().square().mean()
-    # backward of the loss over its own detached value: an update of the same size whatever
-    # the output's scale (a deep random network's is not small: ResNet-152's first loss was
-    # 2.2e9, and a step on it gave NaN in eager itself)
-    (loss / loss.detach()).backward()
-    opt.step()
-    return loss.detach()
+class Step:
+    """One training step: zero the gradients (set to None, PyTorch's default), the loss and
+    its backward, the update. The loss is the mean square of the model's first output
+    (``first``: ``zoo._first``) in float32, returned as it is, and back-propagated over its
+    own detached value: an update of the same size whatever the output's scale (a deep
+    random network's is not small: ResNet-152's first loss was 2.2e9, and a step on it
+    gave NaN in eager itself). ``compile`` (``torch.compile`` with a backend; None: eager)
+    takes the forward with its loss (the backward with it) and the optimizer's step: the
+    zoo's training mode compiles the whole step, for saturn and for Inductor alike."""
+
+    def __init__(self, model, opt, first, compile=None):
+        def loss_of(*inputs):
+            loss = first(model(*inputs)).float().square().mean()
+            return loss / loss.detach(), loss.detach()
+
+        self.model, self.opt = model, opt
+        self.loss_of = loss_of if compile is None else compile(loss_of)
+        self.update = opt.step if compile is None else compile(opt.step)
+
+    def __call__(self, inputs) -> torch.Tensor:
+        """One step on ``inputs``; the loss before the update."""
+        self.opt.zero_grad()
+        scaled, loss = self.loss_of(*inputs)
+        scaled.backward()
+        self.update()
+        return loss
 
 
-def measures(model, inputs, opt, sync, first) -> tuple[list[float], float]:
+def measures(step: Step, inputs, sync) -> tuple[list[float], float]:
     """Two steps' losses and the first step's gradient norms (one vector), with the first
-    step's wall time (compile included for a compiled model)."""
+    step's wall time (compile included for a compiled step)."""
     t = time.perf_counter()
-    loss1 = step(model, inputs, opt, first)
+    loss1 = step(inputs)
     sync()
     took = time.perf_counter() - t
     norms = [
         0.0 if p.grad is None else p.grad.detach().to("cpu", torch.float64).norm().item()
-        for p in model.parameters()
+        for p in step.model.parameters()
     ]
-    loss2 = step(model, inputs, opt, first)
+    loss2 = step(inputs)
     sync()
     return [loss1.item(), loss2.item(), *norms], took
 
@@ -67,13 +82,13 @@ def error(got: list[float], want: list[float]) -> float:
     return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0) / scale
 
 
-def timed_steps(model, inputs, opt, sync, first, repeats: int) -> float:
+def timed_steps(step: Step, inputs, sync, repeats: int) -> float:
     """Median wall time of a synchronized step."""
     times = []
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
-        step(model, inputs, opt, first)
+        step(inputs)
         sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -126,30 +141,34 @@ def reference(zoo, name: str, device: str, dtype_name: str, size: str, baselines
         )
     m32, x32 = zoo.moved(model, inputs, dev, torch.float32)
     with _phase("eager float32 steps"):
-        opt32 = torch.optim.SGD(m32.parameters(), lr=LR)
-        out["want32"], _ = measures(m32, x32, opt32, sync, zoo._first)
+        step32 = Step(m32, torch.optim.SGD(m32.parameters(), lr=LR), zoo._first)
+        out["want32"], _ = measures(step32, x32, sync)
     m_e, x_e = zoo.moved(model, inputs, dev, dtype)
-    opt_e = torch.optim.SGD(m_e.parameters(), lr=LR)
+    step_e = Step(m_e, torch.optim.SGD(m_e.parameters(), lr=LR), zoo._first)
     with _phase(f"eager {dtype_name} steps"):
-        out["eager"], _ = measures(m_e, x_e, opt_e, sync, zoo._first)
+        out["eager"], _ = measures(step_e, x_e, sync)
     out["eager_error"] = error(out["eager"], out["want32"])
     ind = None
     if gpu and baselines in ("all", "autotune"):  # training: the default mode only
         m_i, x_i = zoo.moved(model, inputs, dev, dtype)
         opt_i = torch.optim.SGD(m_i.parameters(), lr=LR)
         try:
-            ind = torch.compile(m_i)
-            _, out["inductor_first_s"] = measures(ind, x_i, opt_i, sync, zoo._first)
+            ind = Step(m_i, opt_i, zoo._first, torch.compile)
+            _, out["inductor_first_s"] = measures(ind, x_i, sync)
         except Exception as e:
             ind = None
             out["inductor_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     shared.close()
     if baselines != "none":
         with zoo._slot(exclusive=True), _phase("timed eager steps"):
-            out["eager_s"] = timed_steps(m_e, x_e, opt_e, sync, zoo._first, zoo.REPEATS)
+            out["eager_s"] = timed_steps(step_e, x_e, sync, zoo.REPEATS)
             if ind is not None:
-                out["inductor_s"] = timed_steps(ind, x_i, opt_i, sync, zoo._first, zoo.REPEATS)
+                out["inductor_s"] = timed_steps(ind, x_i, sync, zoo.REPEATS)
     return out
+
+
+def saturn_compile(fn):
+    return torch.compile(fn, backend="saturn", dynamic=False)
 
 
 def run(zoo, name: str, device: str, dtype_name: str, size: str, repeats: int, baselines: str):
@@ -171,10 +190,10 @@ def run(zoo, name: str, device: str, dtype_name: str, size: str, repeats: int, b
     torch._dynamo.utils.counters.clear()
     before_fb, failed = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
     before_graphs = set(backend.CACHE.items)
-    compiled = torch.compile(m_s, backend="saturn", dynamic=False)
     opt = torch.optim.SGD(m_s.parameters(), lr=LR)
+    compiled = Step(m_s, opt, zoo._first, saturn_compile)
     try:
-        got, row["first_call_s"] = measures(compiled, x_s, opt, sync, zoo._first)
+        got, row["first_call_s"] = measures(compiled, x_s, sync)
     except Exception as e:
         proc.kill()
         row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -183,7 +202,7 @@ def run(zoo, name: str, device: str, dtype_name: str, size: str, repeats: int, b
     row.update(stats)
     shared.close()
     with zoo._slot(exclusive=True):
-        row["saturn_s"] = timed_steps(compiled, x_s, opt, sync, zoo._first, repeats)
+        row["saturn_s"] = timed_steps(compiled, x_s, sync, repeats)
     row["failed_calls"] = backend.CACHE.failed_calls[failed:][:3]
     row["replays"] = sum(
         cg.recipe.runner.replays for cg in new if getattr(cg.recipe, "runner", None)

@@ -89,11 +89,11 @@ def test_zoo_training_rows_compare_with_a_reference_process(name):
     """``bench/zoo.py --training``: saturn's step against eager's, computed in a process that
     never imports saturn (on a GPU, CUDA autograd), not even through a library that probes
     for optional packages with bench/ on its path (transformers imports ``kernels`` if it
-    finds one). Both graphs (forward and backward) compiled, the losses and gradient norms
-    equal to eager CPU's."""
+    finds one). The three graphs (forward with the loss, backward, the optimizer's step)
+    compiled, the losses and gradient norms equal to eager CPU's."""
     row = zoo.run_one(name, "saturn:0", "float32", "tiny", repeats=1, training=True)
     assert row.get("correct"), row
-    assert row["graphs"] == 2 and row["uncompiled"] == 0 and row["failed_calls"] == [], row
+    assert row["graphs"] == 3 and row["uncompiled"] == 0 and row["failed_calls"] == [], row
     assert 0 <= row["error"] <= 1e-4 and "eager_s" in row, row
     torch._dynamo.reset()
 
@@ -112,8 +112,8 @@ def test_zoo_training_step_stays_finite_on_a_deep_network():
     a plain SGD step on it made eager's own second loss NaN, so no row could be compared."""
     training = zoo._training()
     model, inputs = zoo.build("resnet152", "tiny")
-    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
-    got, _ = training.measures(model, inputs, opt, lambda: None, zoo._first)
+    step = training.Step(model, torch.optim.SGD(model.parameters(), lr=training.LR), zoo._first)
+    got, _ = training.measures(step, inputs, lambda: None)
     assert got[0] > 1e8  # the loss itself is what the model computes, unscaled
     assert all(math.isfinite(x) for x in got), got
     assert got[1] != got[0]  # the step moved the parameters
