@@ -62,6 +62,18 @@ def _cudnn_types() -> dict:
     }
 
 
+def _transforms() -> list:
+    """The numerical notes of engines that transform their operands (FFT, Winograd): a
+    transform mixes positions, so an infinity or NaN reaches outputs whose products never
+    read it (a bfloat16 backward-data engine gave -inf where PyTorch gives -0.25), and a
+    large finite value can overflow inside it. Their plans are never made: every plan
+    sums the products themselves, as the rules placing convolutions state."""
+    import cudnn
+
+    names = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+    return [getattr(cudnn.numerical_note, n) for n in names if hasattr(cudnn.numerical_note, n)]
+
+
 def _handle(stream: int):
     import cudnn
 
@@ -176,8 +188,10 @@ class ConvPlan:
                 g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
                 if dtype == "f32" and tensor_cores:
                     g.select_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
-                elif dtype == "f32" and not tf32:
-                    g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+                off = _transforms()
+                if dtype == "f32" and not tf32 and not tensor_cores:
+                    off.append(cudnn.numerical_note.TENSOR_CORE)
+                g.deselect_numeric_notes(off)
                 if not admit_compiled:
                     g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
                 g.check_support()

@@ -359,3 +359,41 @@ def test_half_gradient_ops_are_cudnn_kernels_on_the_gpu_machine_only():
     assert [k.kind for k in gpu.kernels] == ["conv_grad", "conv_grad"], gpu.to_text()
     cpu = compile_graph(graph, machine="cpu-reference").program
     assert cpu.kernels == [] and cpu.count("host") == 2, cpu.to_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_infinity_reaches_only_the_outputs_whose_products_read_it(dtype):
+    """ResNet's 3x3 shapes, where cuDNN ranks FFT and Winograd engines: one infinity in the
+    image and one in the output's gradient. The convolution and both gradients are
+    infinite or NaN only where eager's are, and equal to eager's elsewhere: a transforming
+    engine (never planned) spreads an infinity to outputs that never read it."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3, 1, 1, bias=False).to(dtype)
+    x = torch.randn(8, 64, 32, 32, dtype=dtype)
+    x[0, 3, 5, 7] = float("inf")
+    g = torch.randn(8, 64, 32, 32, dtype=dtype)
+    g[1, 2, 20, 9] = float("-inf")
+
+    def step(c, xs, gs):
+        xs = xs.clone().requires_grad_()
+        y = c(xs)
+        (y.float() * gs.float()).sum().backward()
+        return [y.detach(), xs.grad, conv.weight.grad]
+
+    want = [t.clone() for t in step(conv, x, g)]
+    conv.weight.grad = None
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    compiled = torch.compile(conv.to("saturn:1"), backend="saturn", dynamic=False)
+    got = [t.cpu() for t in step(compiled, x.to("saturn:1"), g.to("saturn:1"))]
+    conv.to("cpu")
+    for name, a, b in zip(("output", "input grad", "weight grad"), got, want, strict=True):
+        assert torch.equal(a.isfinite(), b.isfinite()), name
+        assert torch.equal(a.isnan(), b.isnan()), name
+        fin = b.isfinite()
+        scale = b[fin].float().abs().max().item()
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        assert (a[fin].float() - b[fin].float()).abs().max().item() <= tol * scale, name
+    grads = [k for p in _programs("saturn:1") for k in p.kernels if k.kind == "conv_grad"]
+    assert sorted(k.attrs["of"] for k in grads) == ["input", "weight"]
