@@ -7,7 +7,8 @@ call, after warm-up (on a GPU machine).
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
 ``--training`` profiles saturn's training step (``bench/zoo_training.py``'s: forward,
-loss, backward, SGD) alone: eager CUDA autograd cannot run beside saturn yet (issue 33);
+loss, backward, SGD) alone, and times its parts: eager CUDA autograd cannot run beside
+saturn yet (issue 33);
 the zoo's training rows time eager's and Inductor's steps in a process of their own.
 """
 
@@ -68,10 +69,36 @@ def profile_training(name: str, dtype: torch.dtype, size: str, top: int) -> None
     opt = torch.optim.SGD(m.parameters(), lr=zoo_training.LR)
     step = zoo_training.Step(m, opt, zoo._first, zoo_training.saturn_compile)
     print(f"== {name} {dtype}: saturn, one training step", flush=True)
-    print_kernels(
-        lambda: step(xs),
-        lambda: torch.saturn.synchronize(GPU),
-        top=top,
+    sync = lambda: torch.saturn.synchronize(GPU)  # noqa: E731
+    print_kernels(lambda: step(xs), sync, top=top)
+    phases(step, xs, sync)
+
+
+def phases(step, xs, sync, repeats: int = 10) -> None:
+    """Wall time of each part of the step, synchronized around each (medians, ms): where
+    a step's time goes that device time does not show (host work, eager ops)."""
+    import statistics
+    import time
+
+    parts: dict[str, list[float]] = {}
+
+    def timed(part: str, run):
+        sync()
+        t = time.perf_counter()
+        r = run()
+        sync()
+        parts.setdefault(part, []).append(time.perf_counter() - t)
+        return r
+
+    for _ in range(repeats):
+        timed("zero_grad", step.opt.zero_grad)
+        scaled, _ = timed("forward and loss", lambda: step.loss_of(*xs))
+        timed("backward", scaled.backward)
+        timed("update", step.update)
+    print(
+        f"    phases (ms, median of {repeats}): "
+        + ", ".join(f"{k} {1e3 * statistics.median(v):.2f}" for k, v in parts.items()),
+        flush=True,
     )
 
 
