@@ -62,6 +62,11 @@ def _cudnn_types() -> dict:
     }
 
 
+# which engines a plan's list holds, part of every tuning key: a choice is an index into
+# that list, so a choice stored (on disk) under another filter names another engine
+ENGINES = "no transforms"
+
+
 def _transforms() -> list:
     """The numerical notes of engines that transform their operands (FFT, Winograd): a
     transform mixes positions, so an infinity or NaN reaches outputs whose products never
@@ -152,6 +157,7 @@ class ConvPlan:
         # what cuDNN was asked: a timed choice of plan is shared by every plan asked the same
         self.problem = (
             "cudnn",
+            ENGINES,
             x,
             w,
             bias,

@@ -5,7 +5,15 @@ convolution workspace."""
 
 from __future__ import annotations
 
-from .conv import ConvError, ConvParams, ConvPlan, _cudnn_types, depthwise, torch_output_extent
+from .conv import (
+    ENGINES,
+    ConvError,
+    ConvParams,
+    ConvPlan,
+    _cudnn_types,
+    depthwise,
+    torch_output_extent,
+)
 from .gemm import Layout
 
 
@@ -63,6 +71,7 @@ class ConvGradPlan(ConvPlan):
         )
         self.problem = (
             f"cudnn-{of}-grad",
+            ENGINES,
             grad,
             other,
             None,
