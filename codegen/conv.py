@@ -50,6 +50,9 @@ def depthwise(w_shape: tuple[int, ...], groups: int) -> bool:
     return groups > 1 and len(w_shape) == 4 and w_shape[1] == 1
 
 
+DTYPES = ("f32", "f64", "f16", "bf16")  # what cuDNN plans here take (``_cudnn_types``)
+
+
 @functools.cache
 def _cudnn_types() -> dict:
     import cudnn
@@ -124,7 +127,7 @@ class ConvPlan:
         the convolution; by default (None) they are admitted where it is depthwise (one
         input channel a group): there the compiled engines ran 1.5-14 times as fast as the
         precompiled ones, in both layouts and both dtypes (decision 0111)."""
-        if x.dtype not in _cudnn_types():
+        if x.dtype not in DTYPES:
             raise ConvError(f"no cuDNN convolution plan for dtype {x.dtype}")
         if len(x.shape) != 4 or len(w.shape) != 4:
             raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")

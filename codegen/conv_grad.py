@@ -6,11 +6,11 @@ convolution workspace."""
 from __future__ import annotations
 
 from .conv import (
+    DTYPES,
     ENGINES,
     ConvError,
     ConvParams,
     ConvPlan,
-    _cudnn_types,
     depthwise,
     torch_output_extent,
 )
@@ -38,7 +38,7 @@ class ConvGradPlan(ConvPlan):
     ):
         if of not in ("input", "weight"):
             raise ConvError(f"a convolution has no gradient of its {of!r}")
-        if grad.dtype not in _cudnn_types():
+        if grad.dtype not in DTYPES:
             raise ConvError(f"no cuDNN convolution plan for dtype {grad.dtype}")
         if any(len(t.shape) != 4 for t in (grad, other, out)):
             raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")

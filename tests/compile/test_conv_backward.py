@@ -397,3 +397,56 @@ def test_an_infinity_reaches_only_the_outputs_whose_products_read_it(dtype):
         assert (a[fin].float() - b[fin].float()).abs().max().item() <= tol * scale, name
     grads = [k for p in _programs("saturn:1") for k in p.kernels if k.kind == "conv_grad"]
     assert sorted(k.attrs["of"] for k in grads) == ["input", "weight"]
+
+
+def test_a_gradient_plan_refuses_what_cudnn_cannot_be_asked_before_asking_it():
+    """``ConvGradPlan`` checks its operands before it reaches cuDNN (none here): each
+    refusal a ``ConvError`` naming what is wrong, which the runner answers by running the
+    call uncompiled (decision 0050)."""
+    from saturn.codegen.conv import ConvError, ConvParams
+    from saturn.codegen.conv_grad import ConvGradPlan
+    from saturn.codegen.gemm import Layout
+
+    def lay(shape, dtype="f32"):
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+        return Layout(dtype, tuple(shape), tuple(strides))
+
+    p = ConvParams((1, 1), (1, 1), (1, 1), 1)
+    g, x, w = lay((2, 4, 8, 8)), lay((2, 3, 8, 8)), lay((4, 3, 3, 3))
+    cases = [
+        (("bias", g, w, x, p), "no gradient of its 'bias'"),
+        (("input", lay((2, 4, 8, 8), "i32"), w, x, p), "dtype i32"),
+        (("input", lay((2, 4, 64)), w, x, p), "rank-4"),
+        (("weight", g, lay((2, 5, 8, 8)), w, p), "5 input channels"),
+        (("input", g, w, x, ConvParams((1, 1), (0, 0), (1, 1), 1)), r"\[2, 4, 6, 6\]"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConvError, match=message):
+            ConvGradPlan(*args, stream=0)
+
+
+def test_saturn0_runs_a_gradient_kernel_through_the_host_ops():
+    """A ``conv_grad`` kernel of a saturn:0 program (a graph that names the ops: the
+    importer writes the gradients out for saturn:0) runs through PyTorch's CPU gradients."""
+    from saturn.eqsat.graph import parse_graph
+    from saturn.eqsat.kinds import Kind
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.recipe import HOST_KERNELS
+
+    torch.manual_seed(0)
+    conv = ((2, 2), (1, 1), (1, 1), 2)
+    x, w = torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3)
+    g = torch.randn_like(torch.nn.functional.conv2d(x, w, None, *conv))
+    want = torch.ops.aten.convolution_backward(
+        g, x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 2, [True, True, False]
+    )[:2]
+    prog = compile_graph(parse_graph(_grad_graph(g, x, w, conv)), machine="cpu-reference").program
+    kernels = [k for k in prog.kernels if k.kind == Kind.CONV_GRAD]
+    assert [k.attrs["of"] for k in kernels] == ["input", "weight"], prog.to_text()
+    for k, operands, r in zip(kernels, ([g, w], [g, x]), want, strict=True):
+        out = torch.empty_like(r)
+        HOST_KERNELS[k.kind](None, k, out, operands)
+        torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
