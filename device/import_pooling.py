@@ -17,6 +17,7 @@ from saturn.eqsat.graph import Node, float_bits
 from .import_conv_backward import input_gradient
 from .import_core import MARKERS, Importer, fake_value, handles, tensor_type
 from .import_library import only_first_result_used
+from .import_movement import pad_or_crop
 
 
 def _pool_windows(imp: Importer, x: str, kernel, stride, padding, ceil_mode, out) -> str | None:
@@ -316,13 +317,33 @@ def _h_max_pool2d_backward(imp: Importer, node: torch.fx.Node):
     return imp.add(Node(node.name, "Cast", (up,), (dtype,), dtype, shape), node.name)
 
 
+def _unpool_tiles(imp: Importer, g: str, kernel, shape: tuple[int, ...]) -> str:
+    """Windows that tile the image (kernel = stride, no padding; DenseNet's transitions):
+    each element lies in one window or none, so its gradient is its window's share, with
+    no sum. The share expanded over each window's rows and columns, merged into the
+    image's, and zeros past the last whole window (floor mode): a loop reading the shares,
+    where the general form was a spread, a pad and a convolution."""
+    gn = imp.g.nodes[g]
+    n, c, ho, wo = gn.shape
+    (kh, kw), dtype = kernel, gn.dtype
+    split = (n, c, ho, 1, wo, 1)
+    v = imp.add(Node(imp.fresh("unavg_split"), "View", (g,), (split,), dtype, split))
+    wide = (n, c, ho, kh, wo, kw)
+    e = imp.add(Node(imp.fresh("unavg_tiles"), "Expand", (v,), (wide,), dtype, wide))
+    merged = (n, c, ho * kh, wo * kw)
+    out = imp.add(Node(imp.fresh("unavg_merged"), "View", (e,), (merged,), dtype, merged))
+    rest = [0, 0, 0, 0, 0, shape[2] - ho * kh, 0, shape[3] - wo * kw]
+    return pad_or_crop(imp, out, rest, float_bits(0.0), dtype) if any(rest) else out
+
+
 def _h_avg_pool2d_backward(imp: Importer, node: torch.fx.Node):
     """avg_pool2d_backward for the pools ``_h_avg_pool2d`` takes (padding counted, floor
     mode, no divisor override): each output's gradient divided by the window's size, then
     added to every element of its window: the transposed convolution of the quotient by a
     window of ones per channel (``import_conv_backward.input_gradient``). PyTorch's kernels
     divide first and add the quotients too (in float32 for half types, rounded once: so
-    here). Other pools stay PyTorch's op."""
+    here). Windows that tile the image need no sum (``_unpool_tiles``). Other pools stay
+    PyTorch's op."""
     grad, _x, kernel, stride, padding, ceil_mode, include_pad, divisor = node.args[:8]
     if node.kwargs or ceil_mode or divisor is not None or not isinstance(grad, torch.fx.Node):
         return None
@@ -343,12 +364,15 @@ def _h_avg_pool2d_backward(imp: Importer, node: torch.fx.Node):
         g = imp.add(Node(imp.fresh("unavg_wide"), "Cast", (g,), (acc,), acc, gn.shape))
     size = imp.scalar(float(kernel[0] * kernel[1]), acc)
     g = imp.add(Node(imp.fresh("unavg_share"), "Div", (g, size), (), acc, gn.shape))
-    c = shape[1]
-    ones = (c, 1, *kernel)
-    w = imp.add(
-        Node(imp.fresh("unavg_ones"), "Expand", (imp.scalar(1.0, acc),), (ones,), acc, ones)
-    )
-    out = input_gradient(imp, g, w, tuple(shape), stride, padding, (1, 1), c, flip=False)
+    if tuple(kernel) == tuple(stride) and not any(padding):
+        out = _unpool_tiles(imp, g, kernel, tuple(shape))
+    else:
+        c = shape[1]
+        ones = (c, 1, *kernel)
+        w = imp.add(
+            Node(imp.fresh("unavg_ones"), "Expand", (imp.scalar(1.0, acc),), (ones,), acc, ones)
+        )
+        out = input_gradient(imp, g, w, tuple(shape), stride, padding, (1, 1), c, flip=False)
     if acc != dtype:
         out = imp.add(Node(imp.fresh("unavg_round"), "Cast", (out,), (dtype,), dtype, tuple(shape)))
     return out

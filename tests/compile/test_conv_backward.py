@@ -450,3 +450,56 @@ def test_saturn0_runs_a_gradient_kernel_through_the_host_ops():
         out = torch.empty_like(r)
         HOST_KERNELS[k.kind](None, k, out, operands)
         torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "pool, size",
+    [((2, 2), (8, 8)), ((2, 2), (9, 11)), ((2, 3), (10, 9)), ((3, 3), (9, 9)), ((3, 1), (9, 9))],
+)
+def test_tiling_average_pools_backward_is_the_share_spread(pool, size, dtype):
+    """An average pool whose windows tile the image (kernel = stride, no padding: DenseNet's
+    transitions), odd sizes leaving rows and columns in no window: each element's gradient
+    is its window's share (zero outside every window), bit for bit eager's, with no
+    convolution in the backward (the overlapping pools' form)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *size, dtype=dtype)
+    weight = torch.randn(torch.nn.functional.avg_pool2d(x, pool, pool).shape, dtype=dtype)
+
+    def grad(dev, compiled):
+        xx = x.to(dev).clone().requires_grad_()
+        w = weight.to(dev)
+
+        def f(a):
+            return (torch.nn.functional.avg_pool2d(a, pool, pool) * w).float().sum()
+
+        fn = torch.compile(f, backend="saturn", dynamic=False) if compiled else f
+        fn(xx).backward()
+        return xx.grad.cpu()
+
+    want = grad("cpu", False)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    assert torch.equal(grad("saturn:0", True), want)
+    backward = _programs("saturn:0")[-1]
+    assert "conv" not in [k.kind for k in backward.kernels], backward.to_text()
+    if dtype == torch.float32:  # saturn:0 has no half kernels: bfloat16 runs host ops
+        assert _host_ops(backward) == [], backward.to_text()
+
+
+def test_an_overlapping_average_pools_backward_stays_a_convolution():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 9)
+
+    def f(a):
+        scale = torch.arange(25.0, device=a.device).view(5, 5)
+        return (torch.nn.functional.avg_pool2d(a, 3, 2, 1) * scale).sum()
+
+    want = x.clone().requires_grad_()
+    f(want).backward()
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    got = x.to("saturn:0").requires_grad_()
+    torch.compile(f, backend="saturn", dynamic=False)(got).backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-5, atol=1e-5)
+    assert "conv" in [k.kind for k in _programs("saturn:0")[-1].kernels]
