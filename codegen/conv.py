@@ -104,6 +104,27 @@ class ConvParams:
     groups: int
 
 
+def output_extents(x: Layout, w: Layout, p: ConvParams) -> tuple[int, ...]:
+    """The output's extents PyTorch gives ``conv2d(x, w)``, after the checks a cuDNN plan
+    makes before it asks cuDNN anything (each refusal a ``ConvError`` naming it)."""
+    if x.dtype not in DTYPES:
+        raise ConvError(f"no cuDNN convolution plan for dtype {x.dtype}")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
+    if x.shape[1] != w.shape[1] * p.groups or w.shape[0] % p.groups:
+        raise ConvError(
+            f"{x.shape[1]} input channels do not match weight {list(w.shape)} "
+            f"with {p.groups} groups"
+        )
+    hw = (
+        torch_output_extent(
+            x.shape[2 + i], w.shape[2 + i], p.stride[i], p.padding[i], p.dilation[i]
+        )
+        for i in range(2)
+    )
+    return (x.shape[0], w.shape[0], *hw)
+
+
 class ConvPlan:
     """``out = conv2d(x, w) [+ bias]`` for fixed layouts; ``run`` takes pointers."""
 
@@ -127,25 +148,7 @@ class ConvPlan:
         the convolution; by default (None) they are admitted where it is depthwise (one
         input channel a group): there the compiled engines ran 1.5-14 times as fast as the
         precompiled ones, in both layouts and both dtypes (decision 0111)."""
-        if x.dtype not in DTYPES:
-            raise ConvError(f"no cuDNN convolution plan for dtype {x.dtype}")
-        if len(x.shape) != 4 or len(w.shape) != 4:
-            raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
-        if x.shape[1] != w.shape[1] * p.groups:
-            raise ConvError(
-                f"{x.shape[1]} input channels do not match weight {list(w.shape)} "
-                f"with {p.groups} groups"
-            )
-        want = (
-            x.shape[0],
-            w.shape[0],
-            *(
-                torch_output_extent(
-                    x.shape[2 + i], w.shape[2 + i], p.stride[i], p.padding[i], p.dilation[i]
-                )
-                for i in range(2)
-            ),
-        )
+        want = output_extents(x, w, p)
         if tuple(out.shape) != want:
             raise ConvError(f"output {list(out.shape)} is not PyTorch's {list(want)}")
         self._plan(
@@ -157,19 +160,13 @@ class ConvPlan:
             runtime_compiled,
             stream,
         )
-        # what cuDNN was asked: a timed choice of plan is shared by every plan asked the same
-        self.problem = (
-            "cudnn",
-            ENGINES,
-            x,
-            w,
-            bias,
-            out,
-            (p.stride, p.padding, p.dilation, p.groups),
-            tf32,
-            tensor_cores,
-            self.runtime_compiled,
-        )
+        self.problem = self._problem("cudnn", x, w, bias, out, p, tf32, tensor_cores)
+
+    def _problem(self, what: str, a, b, bias, out, p: ConvParams, tf32, tensor_cores) -> tuple:
+        """What cuDNN was asked (after ``_plan``): a timed choice of plan is shared by every
+        plan asked the same (``CONV_TUNINGS``), under the same engine filter."""
+        conv = (p.stride, p.padding, p.dilation, p.groups)
+        return (what, ENGINES, a, b, bias, out, conv, tf32, tensor_cores, self.runtime_compiled)
 
     def _plan(
         self, graph, dtype: str, compiled_first: bool, tf32, tensor_cores, runtime_compiled, stream

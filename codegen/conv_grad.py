@@ -5,15 +5,7 @@ convolution workspace."""
 
 from __future__ import annotations
 
-from .conv import (
-    DTYPES,
-    ENGINES,
-    ConvError,
-    ConvParams,
-    ConvPlan,
-    depthwise,
-    torch_output_extent,
-)
+from .conv import ConvError, ConvParams, ConvPlan, depthwise, output_extents
 from .gemm import Layout
 
 
@@ -38,26 +30,10 @@ class ConvGradPlan(ConvPlan):
     ):
         if of not in ("input", "weight"):
             raise ConvError(f"a convolution has no gradient of its {of!r}")
-        if grad.dtype not in DTYPES:
-            raise ConvError(f"no cuDNN convolution plan for dtype {grad.dtype}")
         if any(len(t.shape) != 4 for t in (grad, other, out)):
             raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
         x, w = (out, other) if of == "input" else (other, out)
-        if x.shape[1] != w.shape[1] * p.groups or w.shape[0] % p.groups:
-            raise ConvError(
-                f"{x.shape[1]} input channels do not match weight {list(w.shape)} "
-                f"with {p.groups} groups"
-            )
-        want = (
-            x.shape[0],
-            w.shape[0],
-            *(
-                torch_output_extent(
-                    x.shape[2 + i], w.shape[2 + i], p.stride[i], p.padding[i], p.dilation[i]
-                )
-                for i in range(2)
-            ),
-        )
+        want = output_extents(Layout(grad.dtype, x.shape, x.strides), w, p)
         if tuple(grad.shape) != want:
             raise ConvError(f"output gradient {list(grad.shape)} is not PyTorch's {list(want)}")
         self._plan(
@@ -69,18 +45,7 @@ class ConvGradPlan(ConvPlan):
             None,
             stream,
         )
-        self.problem = (
-            f"cudnn-{of}-grad",
-            ENGINES,
-            grad,
-            other,
-            None,
-            out,
-            (p.stride, p.padding, p.dilation, p.groups),
-            tf32,
-            False,
-            self.runtime_compiled,
-        )
+        self.problem = self._problem(f"cudnn-{of}-grad", grad, other, None, out, p, tf32, False)
 
     def _grad_graph(self, of: str, grad: Layout, other: Layout, out: Layout, p, t, acc):
         import cudnn

@@ -49,6 +49,15 @@ from .op_base import (
     arange_values,
 )
 
+# a convolution gradient's: the gradient's shape, then the forward's
+_CONV_GRAD_ATTRS = (
+    ("shape", "ints"),
+    ("stride", "ints"),
+    ("padding", "ints"),
+    ("dilation", "ints"),
+    ("groups", "int"),
+)
+
 OPS: tuple[Op, ...] = (
     # leaves
     Op("Input", LEAF, 0, (("name", "str"),), doc="a graph input"),
@@ -498,13 +507,7 @@ OPS: tuple[Op, ...] = (
         "ConvInputGrad",
         CONVOLUTION,
         2,
-        (
-            ("shape", "ints"),
-            ("stride", "ints"),
-            ("padding", "ints"),
-            ("dilation", "ints"),
-            ("groups", "int"),
-        ),
+        _CONV_GRAD_ATTRS,
         (),
         dtypes=DEVICE_FLOATS,
         shape="conv_input_grad",
@@ -514,13 +517,7 @@ OPS: tuple[Op, ...] = (
         "ConvWeightGrad",
         CONVOLUTION,
         2,
-        (
-            ("shape", "ints"),
-            ("stride", "ints"),
-            ("padding", "ints"),
-            ("dilation", "ints"),
-            ("groups", "int"),
-        ),
+        _CONV_GRAD_ATTRS,
         (),
         dtypes=DEVICE_FLOATS,
         shape="conv_weight_grad",
