@@ -25,6 +25,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
                         [--baselines all|autotune|eager|none] [--no-baselines] [--training]
+                        [--conv-grads cudnn|written]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -565,6 +566,7 @@ def _format(r: dict) -> str:
         f"first {r['first_call_s']:.1f} s; {times}"
         + (f"\n{'':24s} stages: {_stages(r['stages'])}" if r.get("stages") else "")
         + (f"\n{'':24s} rewrites: {r['rewrites']}" if r.get("rewrites") else "")
+        + (f"\n{'':24s} convolution gradients: {r['conv_grads']}" if r.get("conv_grads") else "")
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
         + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
@@ -575,6 +577,7 @@ def _child(name: str, a: argparse.Namespace) -> dict:
     cmd += ["--dtype", a.dtype, "--size", a.size] + (["--training"] if a.training else [])
     cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
     cmd += ["--rewrites", *a.rewrites] if a.rewrites else []
+    cmd += ["--conv-grads", a.conv_grads]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -621,6 +624,13 @@ def main() -> None:
         help="saturn's opt-in rulesets for inference, e.g. attention (written-out attention "
         "as one kernel); each row states them",
     )
+    ap.add_argument(
+        "--conv-grads",
+        default="cudnn",
+        choices=["cudnn", "written"],
+        help="a GPU target's convolution gradients: cuDNN's (the default, decision 0125) or "
+        "written out as saturn:0's are (an A/B); rows other than the default state it",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
@@ -632,6 +642,10 @@ def main() -> None:
         _training().main_reference(_self(), a.reference, a.device, a.dtype, a.size, baselines)
         return
     if a.child:
+        if a.conv_grads == "written":
+            from saturn import import_conv_backward
+
+            import_conv_backward.LIBRARY_GRADIENTS = False
         row = run_one(
             a.child,
             a.device,
@@ -641,6 +655,8 @@ def main() -> None:
             training=a.training,
             rewrites=tuple(a.rewrites),
         )
+        if a.conv_grads != "cudnn":
+            row["conv_grads"] = a.conv_grads
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)

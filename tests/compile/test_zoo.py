@@ -117,3 +117,26 @@ def test_zoo_training_step_stays_finite_on_a_deep_network():
     assert got[0] > 1e8  # the loss itself is what the model computes, unscaled
     assert all(math.isfinite(x) for x in got), got
     assert got[1] != got[0]  # the step moved the parameters
+
+
+def test_zoo_child_rows_state_written_out_convolution_gradients():
+    """``--conv-grads written`` reaches the model's own process, which states it in its
+    row (the option only changes GPU targets' graphs: an A/B of decision 0125)."""
+    import argparse
+
+    def args(conv_grads):
+        return argparse.Namespace(
+            device="saturn:0",
+            dtype="float32",
+            size="tiny",
+            training=False,
+            no_baselines=True,
+            baselines="none",
+            rewrites=[],
+            conv_grads=conv_grads,
+            timeout=300,
+        )
+
+    written = zoo._child("resnet18", args("written"))
+    assert written.get("correct") and written["conv_grads"] == "written", written
+    assert "conv_grads" not in zoo._child("resnet18", args("cudnn"))
