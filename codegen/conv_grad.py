@@ -32,8 +32,10 @@ class ConvGradPlan(ConvPlan):
             raise ConvError(f"a convolution has no gradient of its {of!r}")
         if any(len(t.shape) != 4 for t in (grad, other, out)):
             raise ConvError("cuDNN plans here are 2-D convolutions (rank-4 operands)")
+        if other.dtype != grad.dtype or out.dtype != grad.dtype:
+            raise ConvError(f"operand dtypes {grad.dtype}, {other.dtype}, {out.dtype} differ")
         x, w = (out, other) if of == "input" else (other, out)
-        want = output_extents(Layout(grad.dtype, x.shape, x.strides), w, p)
+        want = output_extents(x, w, p)
         if tuple(grad.shape) != want:
             raise ConvError(f"output gradient {list(grad.shape)} is not PyTorch's {list(want)}")
         self._plan(

@@ -254,9 +254,8 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
         return None
     stride, padding, dilation = (tuple(int(v) for v in a) for a in (stride, padding, dilation))
     results: list[str | None] = [None, None, None]
-    library = imp.gpu and LIBRARY_GRADIENTS
-    if library:  # cuDNN's backward-data and backward-filter (decision 0125)
-        conv = (stride, padding, dilation, groups)
+    conv = (stride, padding, dilation, groups)
+    if imp.gpu and LIBRARY_GRADIENTS:  # cuDNN's backward-data and backward-filter (0125)
         for i, op, other, shape in (
             (0, "ConvInputGrad", wn, xn.shape),
             (1, "ConvWeightGrad", xn, wn.shape),
@@ -266,14 +265,11 @@ def _h_convolution_backward(imp: Importer, node: torch.fx.Node):
                 results[i] = imp.add(
                     Node(imp.fresh(op), op, (gn.name, other.name), attrs, dtype, tuple(shape))
                 )
-    elif mask[0]:
-        results[0] = input_gradient(
-            imp, gn.name, wn.name, tuple(xn.shape), stride, padding, dilation, groups
-        )
-    if mask[1] and not library:
-        results[1] = _weight_gradient(
-            imp, gn.name, xn.name, tuple(wn.shape), stride, padding, dilation, groups
-        )
+    else:  # written out (saturn:0)
+        if mask[0]:
+            results[0] = input_gradient(imp, gn.name, wn.name, tuple(xn.shape), *conv)
+        if mask[1]:
+            results[1] = _weight_gradient(imp, gn.name, xn.name, tuple(wn.shape), *conv)
     if mask[2]:
         k = gn.shape[1]
         results[2] = imp.add(

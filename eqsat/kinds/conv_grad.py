@@ -1,6 +1,6 @@
 """Convolution gradient kernels: a 2-d convolution's input gradient (cuDNN's backward-data)
-or weight gradient (backward-filter), run by cuDNN (``codegen/conv.py``'s ``ConvGradPlan``),
-as eager CUDA's ``convolution_backward`` runs them. ``ConvGrad`` is made by
+or weight gradient (backward-filter), run by cuDNN (``codegen/conv_grad.py``'s
+``ConvGradPlan``) as eager CUDA's ``convolution_backward`` runs them. ``ConvGrad`` is made by
 ``rules/gemm.egg`` from the graph ops ``ConvInputGrad`` and ``ConvWeightGrad``; its last
 attribute says which (0: the input's, 1: the weight's)."""
 

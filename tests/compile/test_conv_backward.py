@@ -418,7 +418,8 @@ def test_a_gradient_plan_refuses_what_cudnn_cannot_be_asked_before_asking_it():
     g, x, w = lay((2, 4, 8, 8)), lay((2, 3, 8, 8)), lay((4, 3, 3, 3))
     cases = [
         (("bias", g, w, x, p), "no gradient of its 'bias'"),
-        (("input", lay((2, 4, 8, 8), "i32"), w, x, p), "dtype i32"),
+        (("input", lay((2, 4, 8, 8), "i32"), w, x, p), "dtypes i32, f32, f32 differ"),
+        (("input", *(lay(t.shape, "i32") for t in (g, w, x)), p), "dtype i32"),
         (("input", lay((2, 4, 64)), w, x, p), "rank-4"),
         (("weight", g, lay((2, 5, 8, 8)), w, p), "5 input channels"),
         (("input", g, w, x, ConvParams((1, 1), (0, 0), (1, 1), 1)), r"\[2, 4, 6, 6\]"),
