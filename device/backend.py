@@ -28,6 +28,7 @@ from saturn.eqsat.pipeline import Compiled, Stages
 from . import decompositions, gpu_stack
 from .constant_folding import fold_constants
 from .constants import lift_constants
+from .import_writes import split_input_writes
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, options_for_mode, parse
 from .recipe import CompiledCallError, InputSpec, Recipe
@@ -158,8 +159,14 @@ def _target(opts: Options, example_inputs) -> torch.device:
 
 
 def compile_fx(
-    gm: torch.fx.GraphModule, example_inputs, opts: Options, forward: bool = True
+    gm: torch.fx.GraphModule,
+    example_inputs,
+    opts: Options,
+    forward: bool = True,
+    writes: tuple = (),
 ) -> CompiledGraph:
+    """``writes``: (placeholder name, return position) of each value the recipe writes
+    into an input after the call (``import_writes.split_input_writes``)."""
     t0 = time.perf_counter()
     device = _target(opts, example_inputs)
     if device.index >= 1:
@@ -224,6 +231,8 @@ def compile_fx(
             k += 1
     from .dtypes import TORCH_DTYPES
 
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    sized = len(imported.inputs) - len(names)  # size values lead the recipe's inputs
     recipe = Recipe(
         program=compiled.program,
         device=device,
@@ -248,6 +257,7 @@ def compile_fx(
         replay=opts.replay,
         precision=opts.precision,
         rerun=forward,
+        writes=tuple((sized + names.index(name), pos) for name, pos in writes),
     )
     assert len(outs) == k
     stages = Stages()
@@ -267,6 +277,10 @@ def compile_fx(
     return CompiledGraph(imported, compiled, recipe)
 
 
+# False: AOTAutograd writes an inference graph's mutated inputs back itself after the
+# compiled call (one eager copy each), the form before decision 0127; for an A/B
+KEEP_INPUT_WRITES = True
+
 # a compile taking longer than this logs its stages at INFO (logger "saturn")
 SLOW_COMPILE_S = 5.0
 
@@ -284,6 +298,9 @@ def _log_stages(cg: CompiledGraph) -> None:
 def _compiler(opts: Options, forward: bool):
     def fw(gm: torch.fx.GraphModule, example_inputs):
         original = gm
+        # an inference graph's writes to its inputs (kept in the graph, see saturn_backend)
+        # become returns the recipe writes back after the call
+        gm, writes = split_input_writes(gm)
         t_fold = time.perf_counter()
         try:  # values built from no input: computed once, here (decision 0096)
             gm = fold_constants(gm, _target(opts, example_inputs))
@@ -292,11 +309,11 @@ def _compiler(opts: Options, forward: bool):
         gm, consts = lift_constants(gm)
         t_fold = time.perf_counter() - t_fold
         example_inputs = [*consts, *example_inputs]
-        key = (graph_key(gm, opts), forward)
+        key = (graph_key(gm, opts), forward, writes)
         hit = CACHE.get(key)
         if hit is None:
             try:
-                hit = compile_fx(gm, example_inputs, opts, forward)
+                hit = compile_fx(gm, example_inputs, opts, forward, writes)
             except RuleError:  # the user's own rule file is broken: theirs to fix, so say so
                 raise
             except Exception as e:  # never fail the user's compile: run uncompiled, say why
@@ -362,6 +379,9 @@ def saturn_backend(
         fw_compiler=_compiler(opts, forward=True),
         bw_compiler=_compiler(opts, forward=False),
         decompositions=decompositions.table(),
+        # an inference graph's input writes (an optimizer's updates) stay in the graph:
+        # the recipe makes them, instead of one eager copy per input after the call
+        keep_inference_input_mutations=KEEP_INPUT_WRITES,
     )(gm, example_inputs)
     return _rerun_on_failure(compiled, gm)
 

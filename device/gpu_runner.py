@@ -90,6 +90,7 @@ class GpuRunner(LibraryPlans, Lending, Replay):
             gens = [g for k in self.kernels.values() for g in k.expected()]
             gens += [g for k in self.launchers.values() for g in k.expected()]
             cg.precompile(gens, cc)
+        self._in_place_writes(prog)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
         # storages every call rewrites (their StorageImpl address -> [start, end) address)
@@ -156,6 +157,23 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 if s.kind == StepKind.CONST
             }
 
+    def _in_place_writes(self, prog) -> None:
+        """The input writes (``Recipe.writes``) a call makes itself, as its last work (in
+        the replayed graph): those of a kernel's value into a device input. Not where a
+        take's index is checked after the call (``_check_indices``): a call that raises
+        there must have written nothing, so the recipe writes after the check."""
+        kernels = {s.output for s in prog.steps if s.kind == StepKind.KERNEL}
+        spec = self.r.output_spec
+        # program outputs only the writes read (never handed out)
+        self.write_only = {spec[pos] for _, pos in self.r.writes}
+        self.in_place: list[tuple[int, str]] = []
+        if self.r.io_on_device and not self._unbounded_indices:
+            for i, pos in self.r.writes:
+                v = prog.outputs[spec[pos]]
+                if v in kernels:
+                    self.in_place.append((i, v))
+        self.wrote = {i for i, _ in self.in_place}
+
     def _not_capturable(self) -> str | None:
         inputs = set(self.r._position)
         for s in self.r.program.steps:
@@ -190,6 +208,8 @@ class GpuRunner(LibraryPlans, Lending, Replay):
             else:  # crossings and host steps (never captured: see _not_capturable)
                 with step_range(s, self.r._labels):
                     env[s.output] = self.r._step(s, env, stats)
+        for i, v in self.in_place:  # after every step: a failed call wrote nothing
+            strided_copy(env[v], prepared[i])
         return env
 
     def _view(self, s: Step, src: torch.Tensor) -> torch.Tensor:

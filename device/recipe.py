@@ -79,6 +79,7 @@ class CallStats:
     launches: int = 0
     host_ops: int = 0
     outputs_copied: int = 0  # outputs given memory of their own (see _own_outputs)
+    writes_copied: int = 0  # input writes made by an eager copy after the call (_write)
     replayed: bool = False  # a CUDA-graph replay (outputs checked when captured)
 
 
@@ -105,6 +106,10 @@ class Recipe:
     # a call that fails raises CompiledCallError, which the backend answers by running
     # the user's graph uncompiled (forward graphs; a backward's error propagates as it is)
     rerun: bool = False
+    # (input position, return position): after a call, the value returned there is
+    # written into the caller's input (an optimizer's update); those returns are not
+    # handed back (decision 0127)
+    writes: tuple[tuple[int, int], ...] = ()
     failed_calls: int = 0
     last: CallStats = field(default_factory=CallStats)
     # graph return positions to copy at every call, and those whose strides are checked
@@ -140,16 +145,18 @@ class Recipe:
         }
         self._consts = {}  # made at the first call: compilation runs under fake tensors
         self._labels: dict[str, str] = {}  # profiler range names by step (profiling.py)
+        self._returns = len(self.output_spec) - len(self.writes)
         at = {k: pos for pos, k in enumerate(self.output_spec) if isinstance(k, int)}
         own = self.ownership
+        keep = lambda ks: [k for k in ks if at[k] < self._returns]  # noqa: E731
         # a GPU runner hands constants out as copies already; the host executor lends them
         copy = [*own.copy, *(() if self.on_gpu else own.constants)]
-        self._copy_at = tuple(at[k] for k in copy)
-        self._layout_at = tuple(at[k] for k in own.layout)
+        self._copy_at = tuple(at[k] for k in keep(copy))
+        self._layout_at = tuple(at[k] for k in keep(own.layout))
         checked = {*self._copy_at, *self._layout_at}
         self._dense_at = tuple(
             at[k]
-            for k in own.owned
+            for k in keep(own.owned)
             if at[k] not in checked and _packed_spec(self.output_types[at[k]])
         )
         if self.on_gpu:
@@ -213,7 +220,7 @@ class Recipe:
                 outs[idx] if isinstance(idx, int) else None if idx is None else idx[1]
                 for idx in self.output_spec
             ]
-            return self._own_outputs(results, stats)
+            return self._own_outputs(self._write(results, args, prepared, stats), stats)
         results = []
         for idx in self.output_spec:
             if idx is None or isinstance(idx, tuple):  # None, or ("size", value)
@@ -229,7 +236,26 @@ class Recipe:
             results.append(t)
         self._check_outputs(results)
         self.last = stats
-        return self._own_outputs(results, stats)
+        return self._own_outputs(self._write(results, args, prepared, stats), stats)
+
+    def _write(self, results: list, args: list, prepared: list, stats: CallStats) -> list:
+        """Write each written value into the caller's input, and the graph's own returns.
+        The GPU runner wrote those it could into the input it read (``prepared``), inside
+        the call's work; the rest are copied here, after it."""
+        if not self.writes:
+            return results
+        done = self.runner.wrote if self.runner is not None else ()
+        for i, pos in self.writes:
+            dst, src = args[i], results[pos]
+            if i in done and prepared[i] is dst:
+                continue
+            if src.untyped_storage()._cdata == dst.untyped_storage()._cdata:
+                if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride():
+                    continue  # the input itself: nothing changed
+                src = src.clone()  # a view of the input: read before it is overwritten
+            dst.copy_(src)
+            stats.writes_copied += 1
+        return results[: self._returns]
 
     def _own_outputs(self, results: list, stats: CallStats) -> list:
         """Outputs that would share memory with an input, a constant or another output

@@ -12,6 +12,9 @@ from .eager_kernels import cuda_driver as _driver
 
 
 class Lending:
+    # program outputs only the recipe's input writes read: never handed out (gpu_runner)
+    write_only: frozenset[int] | set[int] = frozenset()
+
     def _groups(self, outs: list) -> list[tuple[int, int, list[tuple]]]:
         """Outputs in the runner's memory as (address, bytes, members): one storage per
         group of outputs whose bytes overlap (views of one value share it, as in eager), each
@@ -19,6 +22,8 @@ class Lending:
         group."""
         spans = []
         for i, t in enumerate(outs):
+            if i in self.write_only:  # read by the recipe's writes, never handed out
+                continue
             if isinstance(t, torch.Tensor) and t.numel() and self._in_owned(t):
                 spans.append((*byte_span(t), i, t))
         spans.sort(key=lambda sp: sp[0])
@@ -83,7 +88,9 @@ class Lending:
                 lent.add(i)
             self.lent.append(storage._weak_ref())
         for i, t in enumerate(outs):
-            if i not in lent and isinstance(t, torch.Tensor) and t.device == self.device:
+            if i in lent or i in self.write_only:
+                continue
+            if isinstance(t, torch.Tensor) and t.device == self.device:
                 results[i] = self._copy_out(t)
         return results
 

@@ -65,8 +65,9 @@ class Replay:
                 if a != b and i not in self.staged
             ]
             if moved:
-                for i in moved:
-                    self.staged[i] = torch.empty_like(prepared[i])
+                for i in moved:  # an input the call writes is captured again where it lies
+                    if i not in self.wrote:
+                        self.staged[i] = torch.empty_like(prepared[i])
                 self._release()  # capture again, reading the staged copies
         for i, buf in self.staged.items():
             buf.copy_(prepared[i])

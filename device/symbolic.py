@@ -213,6 +213,7 @@ class SymbolicRecipe:
             precision=t.precision,
             ownership=t.ownership,
             rerun=t.rerun,
+            writes=t.writes,
         )
         r.prepare()
         with self.lock:
