@@ -25,7 +25,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
     python bench/zoo.py [--device saturn:1] [--dtype float32|bfloat16] [--size tiny|full]
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
                         [--baselines all|autotune|eager|none] [--no-baselines] [--training]
-                        [--conv-grads cudnn|written]
+                        [--conv-grads cudnn|written] [--input-writes saturn|aot]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -567,6 +567,7 @@ def _format(r: dict) -> str:
         + (f"\n{'':24s} stages: {_stages(r['stages'])}" if r.get("stages") else "")
         + (f"\n{'':24s} rewrites: {r['rewrites']}" if r.get("rewrites") else "")
         + (f"\n{'':24s} convolution gradients: {r['conv_grads']}" if r.get("conv_grads") else "")
+        + (f"\n{'':24s} input writes: {r['input_writes']}" if r.get("input_writes") else "")
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
         + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
@@ -577,7 +578,7 @@ def _child(name: str, a: argparse.Namespace) -> dict:
     cmd += ["--dtype", a.dtype, "--size", a.size] + (["--training"] if a.training else [])
     cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
     cmd += ["--rewrites", *a.rewrites] if a.rewrites else []
-    cmd += ["--conv-grads", a.conv_grads]
+    cmd += ["--conv-grads", a.conv_grads, "--input-writes", a.input_writes]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -631,6 +632,14 @@ def main() -> None:
         help="a GPU target's convolution gradients: cuDNN's (the default, decision 0125) or "
         "written out as saturn:0's are (an A/B); rows other than the default state it",
     )
+    ap.add_argument(
+        "--input-writes",
+        default="saturn",
+        choices=["saturn", "aot"],
+        help="an inference graph's writes to its inputs (the optimizer's updates): made by "
+        "saturn's recipe (the default, decision 0127) or copied back by AOTAutograd after "
+        "the call (an A/B); rows other than the default state it",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
@@ -646,6 +655,10 @@ def main() -> None:
             from saturn import import_conv_backward
 
             import_conv_backward.LIBRARY_GRADIENTS = False
+        if a.input_writes == "aot":
+            from saturn import backend
+
+            backend.KEEP_INPUT_WRITES = False
         row = run_one(
             a.child,
             a.device,
@@ -657,6 +670,8 @@ def main() -> None:
         )
         if a.conv_grads != "cudnn":
             row["conv_grads"] = a.conv_grads
+        if a.input_writes != "saturn":
+            row["input_writes"] = a.input_writes
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)

@@ -120,11 +120,12 @@ def test_zoo_training_step_stays_finite_on_a_deep_network():
 
 
 def test_zoo_child_rows_state_written_out_convolution_gradients():
-    """``--conv-grads written`` reaches the model's own process, which states it in its
-    row (the option only changes GPU targets' graphs: an A/B of decision 0125)."""
+    """``--conv-grads written`` and ``--input-writes aot`` reach the model's own process,
+    which states them in its row (A/Bs of decisions 0125 and 0127; the first only changes
+    GPU targets' graphs)."""
     import argparse
 
-    def args(conv_grads):
+    def args(conv_grads, input_writes="saturn"):
         return argparse.Namespace(
             device="saturn:0",
             dtype="float32",
@@ -134,9 +135,12 @@ def test_zoo_child_rows_state_written_out_convolution_gradients():
             baselines="none",
             rewrites=[],
             conv_grads=conv_grads,
+            input_writes=input_writes,
             timeout=300,
         )
 
-    written = zoo._child("resnet18", args("written"))
+    written = zoo._child("resnet18", args("written", "aot"))
     assert written.get("correct") and written["conv_grads"] == "written", written
-    assert "conv_grads" not in zoo._child("resnet18", args("cudnn"))
+    assert written["input_writes"] == "aot", written
+    plain = zoo._child("resnet18", args("cudnn"))
+    assert "conv_grads" not in plain and "input_writes" not in plain
