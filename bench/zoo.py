@@ -636,7 +636,7 @@ def main() -> None:
         "--input-writes",
         default="saturn",
         choices=["saturn", "aot"],
-        help="an inference graph's writes to its inputs (the optimizer's updates): made by "
+        help="a graph's writes to its inputs (the optimizer's updates): made by "
         "saturn's recipe (the default, decision 0127) or copied back by AOTAutograd after "
         "the call (an A/B); rows other than the default state it",
     )

@@ -277,8 +277,8 @@ def compile_fx(
     return CompiledGraph(imported, compiled, recipe)
 
 
-# False: AOTAutograd writes an inference graph's mutated inputs back itself after the
-# compiled call (one eager copy each), the form before decision 0127; for an A/B
+# False: AOTAutograd writes mutated inputs back itself after the compiled call (one eager
+# copy each), the form before decision 0127; for an A/B
 KEEP_INPUT_WRITES = True
 
 # a compile taking longer than this logs its stages at INFO (logger "saturn")
@@ -298,8 +298,8 @@ def _log_stages(cg: CompiledGraph) -> None:
 def _compiler(opts: Options, forward: bool):
     def fw(gm: torch.fx.GraphModule, example_inputs):
         original = gm
-        # an inference graph's writes to its inputs (kept in the graph, see saturn_backend)
-        # become returns the recipe writes back after the call
+        # a graph's writes to its inputs (kept in the graph, see saturn_backend) become
+        # returns the recipe writes back after the call
         gm, writes = split_input_writes(gm)
         t_fold = time.perf_counter()
         try:  # values built from no input: computed once, here (decision 0096)
@@ -379,8 +379,9 @@ def saturn_backend(
         fw_compiler=_compiler(opts, forward=True),
         bw_compiler=_compiler(opts, forward=False),
         decompositions=decompositions.table(),
-        # an inference graph's input writes (an optimizer's updates) stay in the graph:
-        # the recipe makes them, instead of one eager copy per input after the call
+        # input writes (an optimizer's updates; a training forward's batch-norm
+        # statistics) stay in the graph: the recipe makes them, instead of one eager copy
+        # per input after the call
         keep_inference_input_mutations=KEEP_INPUT_WRITES,
     )(gm, example_inputs)
     return _rerun_on_failure(compiled, gm)

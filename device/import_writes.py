@@ -1,10 +1,12 @@
 """Input writes kept in a graph: AOTAutograd's ``keep_inference_input_mutations`` leaves an
 inference graph's writes to its inputs (an optimizer's parameter updates, a cache filled in
-place) as ``aten.copy_(input, value)`` at its end. saturn compiles the graph without them,
-each value an extra return, and the recipe writes each value into the caller's tensor after
-the call's work (``Recipe.writes``; on a GPU, inside the replayed graph). Nothing is
-written before every step of the call has succeeded, so a call that fails and reruns
-uncompiled (decision 0050) applies the writes once. See docs/decisions/0127.
+place), and a training forward's writes to inputs that need no gradient (batch norm's
+running statistics), as ``aten.copy_(input, value)`` at its end. saturn compiles the graph
+without them, each value an extra return, and the recipe writes each value into the
+caller's tensor after the call's work (``Recipe.writes``; on a GPU, inside the replayed
+graph). Nothing is written before every step of the call has succeeded, so a call that
+fails and reruns uncompiled (decision 0050) applies the writes once. See
+docs/decisions/0127.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An inference graph's writes to its inputs, made by the recipe (decision 0127): an
+"""A graph's writes to its inputs, made by the recipe (decision 0127): an
 optimizer's compiled step updates the parameters and momentum buffers in place, as eager
 does, with no eager copy per input on a GPU (the replayed graph writes them); a call that
 fails writes nothing; inputs that are not packed, that moved, or whose new value is an
@@ -205,3 +205,25 @@ def test_writes_split_off_and_declined():
         gm = _graph(body)
         again, writes = split_input_writes(gm)
         assert again is gm and writes == ()
+
+
+def test_batch_norm_statistics_of_a_training_forward_are_written(dev):
+    """A training forward's buffer updates (batch norm's running statistics and its step
+    count, which require no gradient) reach the graph too: after three steps they equal
+    eager CPU's, written by the forward's recipe."""
+    _fresh()
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    m = copy.deepcopy(ref).to(dev).train()
+    fn = torch.compile(m, backend="saturn", dynamic=False)
+    x = torch.randn(4, 3, 8, 8)
+    for _ in range(3):
+        fn(x.to(dev)).sum().backward()
+        ref(x).sum().backward()
+    _sync(dev)
+    bn, want = m[1], ref[1]
+    torch.testing.assert_close(bn.running_mean.cpu(), want.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var.cpu(), want.running_var, rtol=1e-5, atol=1e-6)
+    assert bn.num_batches_tracked.item() == 3
+    assert [len(r.writes) for r in _recipes() if r.writes] == [3]
+    assert backend.CACHE.fallbacks == []
