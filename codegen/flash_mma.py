@@ -67,7 +67,7 @@ PARAMS = """const float* __restrict__ q, const float* __restrict__ k, const floa
 # Fragments (PTX ISA, mma.m16n8k8 .tf32): lane = 4 g + t. A (16 x 8, row major): a0 (g, t),
 # a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4). B (8 x 8, column major): b0 (t, g),
 # b1 (t + 4, g). C (16 x 8): c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
-_SOURCE = r"""
+_DEFINES = r"""
 #define NT (NW * 32)
 #define WR (16 * MT)
 #define BQ (NW * WR)
@@ -76,6 +76,11 @@ _SOURCE = r"""
 #define PP (BK + 4)
 #define INF __int_as_float(0x7f800000)
 
+"""
+
+# The tensor-core helpers (TF32 splits, mma, exp2, asynchronous tile copies), shared with
+# the gradient kernel (``flash_grad.py``); ``load_tile`` reads the macros ``D`` and ``NT``.
+HELPERS = r"""
 __device__ __forceinline__ unsigned tf32(float x) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
@@ -126,6 +131,9 @@ __device__ __forceinline__ void load_tile(float* dst, int ds, const float* src, 
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
+"""
+
+_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT, MINB) flash_f32_mma(
     PARAMS) {
   extern __shared__ __align__(16) float smem[];
@@ -295,6 +303,6 @@ def source(d: int, causal: bool, bias: bool, lse: bool, tile: MmaTile) -> str:
     check(d, tile)
     defs = {"D": d, "NW": tile.warps, "MT": tile.mtiles, "BK": tile.keys, "MINB": tile.blocks}
     defs |= {"CAUSAL": int(causal), "HAS_BIAS": int(bias), "HAS_LSE": int(lse)}
-    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + _SOURCE.replace(
-        "PARAMS", PARAMS
-    )
+    return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + (
+        _DEFINES + HELPERS + _KERNEL
+    ).replace("PARAMS", PARAMS)

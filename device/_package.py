@@ -21,7 +21,7 @@ _install_array_interface()
 
 # registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
 # convolutions (on the host), fused LSTM/GRU cells, the custom op saturn::attention and
-# scaled_dot_product_attention's fused path (sdpa)
+# scaled_dot_product_attention's fused path and its float32 gradient (sdpa, sdpa_grad)
 from . import (  # noqa: E402, F401
     eager_conv,
     eager_kernels,
@@ -31,6 +31,7 @@ from . import (  # noqa: E402, F401
     eager_rnn,
     fused_attention,
     sdpa,
+    sdpa_grad,
 )
 
 # torch.distributed's backend for the saturn device (init_process_group("saturn")), where

@@ -11,7 +11,7 @@ from torch._decomp import core_aten_decompositions
 
 from saturn.eqsat import optable as ot
 
-from . import sdpa
+from . import sdpa, sdpa_grad
 from .fused_attention import fused_attention_takes, unfused
 
 
@@ -242,5 +242,8 @@ def _build_table() -> dict:
     out[torch.ops.aten.scatter_add.default] = scatter_add
     out[torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default] = (
         sdpa.decomposition
+    )
+    out[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default] = (
+        sdpa_grad.decomposition
     )
     return out

@@ -3,7 +3,8 @@
 // products and a softmax over the whole [S, S] score matrix, in float32). Where saturn's
 // fused kernel can take the call this answers "overrideable", and aten calls
 // _scaled_dot_product_fused_attention_overrideable, which saturn implements in Python
-// (device/sdpa.py): the fused cuDNN kernel on a GPU, the same math elsewhere.
+// (device/sdpa.py): the fused cuDNN kernel on a GPU, the same math elsewhere; and, for
+// float32 with a gradient, its backward (device/sdpa_grad.py).
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
@@ -19,17 +20,18 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    std::optional<double> /*scale*/, bool enable_gqa) {
   constexpr auto math = static_cast<int64_t>(at::SDPBackend::math);
   if (!at::globalContext().userEnabledOverrideableSDP()) return math;
-  // dropout draws from an RNG stream the fused kernel does not share; a gradient needs
-  // the backward kernel saturn does not have: both keep PyTorch's math
+  // dropout draws from an RNG stream the fused kernel does not share: PyTorch's math
   if (dropout_p > 0.0) return math;
-  const bool grad = at::GradMode::is_enabled() &&
-                    (q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                     (mask.has_value() && mask->defined() && mask->requires_grad()));
-  if (grad) return math;
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return math;
   // float32: saturn's own kernel (codegen/flash_attention.py), on a GPU only; saturn:0 is
   // the CPU reference device and keeps the math
   const bool f32 = q.scalar_type() == at::kFloat && q.device().index() >= 1;
+  // a gradient: saturn's float32 gradient kernel (codegen/flash_grad.py, device/sdpa_grad.py)
+  // for q, k and v; a mask's gradient and half types' gradients keep the math
+  const bool mask_grad = mask.has_value() && mask->defined() && mask->requires_grad();
+  const bool grad = at::GradMode::is_enabled() &&
+                    (q.requires_grad() || k.requires_grad() || v.requires_grad() || mask_grad);
+  if (grad && (mask_grad || !f32)) return math;
   if (!(half_type(q.scalar_type()) || f32) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return math;
