@@ -153,3 +153,134 @@ class AttentionPlan:
         self.graph.execute(
             tuple(_Ptr(p) for p in ptrs), _Ptr(workspace), handle=self.handle, tensor_uids=self.uids
         )
+
+
+def _packed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+class AttentionGradPlan:
+    """dq, dk, dv of half-type attention (cuDNN's fused backward, flash attention 2) for
+    fixed layouts. ``run(ptrs, workspace)``: q, k, v, out, dO, dq, dk, dv, then the bias
+    where planned and the row log-sum-exp ([B, H, Sq] float32, packed) where ``lse`` was
+    planned as given; otherwise the forward runs once more into the workspace for it (a
+    compiled forward does not keep it). Key and value heads equal to q's (the caller
+    expands grouped-query heads and sums their gradients)."""
+
+    runs = 0
+
+    def __init__(
+        self,
+        q: Layout,
+        k: Layout,
+        v: Layout,
+        out: Layout,
+        dout: Layout,
+        grads: tuple[Layout, Layout, Layout],
+        scale: float,
+        stream: int,
+        bias: Layout | None = None,
+        causal: bool = False,
+        lse: bool = False,
+    ):
+        check_operands(q, k, v, out)
+        check_operands(q, k, v, dout)
+        for name, got, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
+            if got.shape != like.shape or got.dtype != q.dtype or got.strides[3] != 1:
+                raise AttentionError(f"{name} {got} does not pair with {like}")
+        if bias is not None:
+            check_bias(q, k, bias)
+        import cudnn
+
+        b, h, sq, d = q.shape
+        self.rows, self.has_bias, self.lse_given = b * h * sq, bias is not None, lse
+        self.forward = None
+        if not lse:  # the forward once more: its statistics, and an output nobody reads
+            scratch = Layout(q.dtype, q.shape, _packed(q.shape))
+            self.forward = AttentionPlan(
+                q, k, v, scratch, scale, stream, bias=bias, causal=causal, stats=True
+            )
+        t = {"f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16}[q.dtype]
+        self.handle = _handle(stream)
+        try:
+            g = cudnn.pygraph(
+                io_data_type=t,
+                intermediate_data_type=cudnn.data_type.FLOAT,
+                compute_data_type=cudnn.data_type.FLOAT,
+                handle=self.handle,
+            )
+            ins = [
+                g.tensor(name=n, dim=list(x.shape), stride=list(x.strides), data_type=t)
+                for n, x in (("q", q), ("k", k), ("v", v), ("o", out), ("dO", dout))
+            ]
+            stats = g.tensor(
+                name="stats",
+                dim=[b, h, sq, 1],
+                stride=[h * sq, sq, 1, 1],
+                data_type=cudnn.data_type.FLOAT,
+            )
+            extra = {}
+            if bias is not None:
+                extra["bias"] = g.tensor(
+                    name="bias", dim=list(bias.shape), stride=list(bias.strides), data_type=t
+                )
+            if causal:
+                extra["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
+                extra["diagonal_band_right_bound"] = 0
+            dq, dk, dv = g.sdpa_backward(
+                name="attention_grad",
+                q=ins[0],
+                k=ins[1],
+                v=ins[2],
+                o=ins[3],
+                dO=ins[4],
+                stats=stats,
+                attn_scale=float(scale),
+                **extra,
+            )
+            for x, lay in zip((dq, dk, dv), grads, strict=True):
+                x.set_output(True).set_dim(list(lay.shape)).set_stride(list(lay.strides))
+                x.set_data_type(t)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+        except Exception as e:
+            raise AttentionError(f"cuDNN could not plan this attention's gradient: {e}") from e
+        self.graph = g
+        order = [*ins, dq, dk, dv] + ([extra["bias"]] if bias is not None else []) + [stats]
+        self.uids = tuple(x.get_uid() for x in order)
+        own = int(g.get_workspace_size())
+        self.stats_at = _round_up(own)  # the recomputed statistics, then the forward's
+        extra_bytes = 0
+        if self.forward is not None:
+            self.out_at = _round_up(self.stats_at + 4 * self.rows)
+            self.fwd_ws_at = _round_up(self.out_at + 2 * self.rows * d)
+            extra_bytes = self.fwd_ws_at + self.forward.workspace_size - own
+        self.workspace_size = own + extra_bytes
+
+    def run(self, ptrs: tuple[int, ...], workspace: int) -> None:
+        q, k, v, out, dout, dq, dk, dv, *rest = ptrs
+        bias = [rest.pop(0)] if self.has_bias else []
+        if self.lse_given:
+            lse = rest.pop(0)
+        else:
+            lse = workspace + self.stats_at
+            fwd = (q, k, v, workspace + self.out_at, *bias, lse)
+            self.forward.run(fwd, workspace + self.fwd_ws_at)
+        self.graph.execute(
+            tuple(_Ptr(p) for p in (q, k, v, out, dout, dq, dk, dv, *bias, lse)),
+            _Ptr(workspace),
+            handle=self.handle,
+            tensor_uids=self.uids,
+        )
+        self.runs += 1
+
+
+def _round_up(n: int, to: int = 256) -> int:
+    return (n + to - 1) // to * to

@@ -1,9 +1,10 @@
-"""The gradient of ``F.scaled_dot_product_attention`` in float32 on a GPU: saturn's own
-kernel (``codegen/flash_grad.py``), eager and compiled.
+"""The gradient of ``F.scaled_dot_product_attention`` on a GPU: saturn's own float32 kernel
+(``codegen/flash_grad.py``) and cuDNN's fused backward for half types
+(``codegen/attention.py``'s ``AttentionGradPlan``), eager and compiled.
 
 Where a gradient is needed, the device's ``_fused_sdp_choice`` (``csrc/attention.cpp``)
-answers *overrideable* for float32 on saturn:1.. (no dropout, a mask that needs no
-gradient), as it does without one; aten's autograd formula for
+answers *overrideable* on saturn:1.. as it does without one (no dropout, a mask that needs
+no gradient; saturn:0 keeps the math); aten's autograd formula for
 ``_scaled_dot_product_fused_attention_overrideable`` then calls
 ``_scaled_dot_product_fused_attention_overrideable_backward``, implemented here:
 
@@ -13,15 +14,15 @@ gradient), as it does without one; aten's autograd formula for
   or ``saturn::sdpa_grad_bias``, host custom ops placed on the device as one ``Custom``
   step, where the kernel takes the operands; the math written out otherwise. The compiled
   forward does not keep its log-sum-exp (``sdpa.decomposition`` writes it out beside the
-  fused op, and nothing reads it), so the kernel recomputes it (the forward kernel once
-  more, before the gradient kernel).
+  fused op, and nothing reads it), so the plan recomputes it (the forward kernel once more,
+  before the gradient kernel).
 
 A custom op's result is typed like its first operand, and the three gradients are one
-result: the ops take a float32 ``like`` of ``numel(dq) + numel(dk) + numel(dv)`` elements
-first, read for its type only, and return dq, dk and dv one after another, each as
-[B, S, H, D] memory (the layout of the forward's output, which the model's transposes and
-head merges then read as views). Grouped-query heads are expanded before the kernel and
-their gradients summed after it, as the forward expands them.
+result: the ops take a ``like`` of q's dtype and ``numel(dq) + numel(dk) + numel(dv)``
+elements first, read for its type only, and return dq, dk and dv one after another, each
+as [B, S, H, D] memory (the layout of the forward's output, which the model's transposes
+and head merges then read as views). Grouped-query heads are expanded before the kernel
+and their gradients summed after it, as the forward expands them.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import threading
 
 import torch
 
-from saturn.codegen.attention import AttentionError
-from saturn.codegen.flash_attention import check_bias, check_operands
+from saturn.codegen import attention as cudnn_attention
+from saturn.codegen import flash_attention
+from saturn.codegen.attention import AttentionError, AttentionGradPlan
 from saturn.codegen.flash_grad import FlashGradPlan, check, config
 
 from .custom_ops import count_fallback, custom_op
 from .eager_registry import impl
-from .fused_attention import _layout
+from .fused_attention import KERNEL_DTYPES, _layout, missing
 from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_device
 
 log = logging.getLogger("saturn")
@@ -70,19 +72,28 @@ def _fold(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return grad if h == hk else grad.view(b, hk, h // hk, s, d).sum(2)
 
 
+def _plan_type(dtype: torch.dtype) -> type:
+    """saturn's own kernel for float32, cuDNN's fused backward for half types."""
+    return FlashGradPlan if dtype == torch.float32 else AttentionGradPlan
+
+
 def grad_takes(q, k, v, out, dout, bias=None) -> bool:
     """Whether the gradient kernel takes these operands (real or fake tensors; k and v
-    with q's heads): float32 saturn GPU tensors in layouts it reads."""
-    if q.dtype != torch.float32 or not on_fused_device(q, k, v, out, dout):
+    with q's heads): saturn GPU tensors of a kernel's dtype (cuDNN present for half
+    types) in layouts it reads."""
+    if q.dtype not in KERNEL_DTYPES or missing(q.dtype) is not None:
         return False
-    if q.dim() != 4 or k.shape[1] != q.shape[1]:
+    if not on_fused_device(q, k, v, out, dout) or q.dim() != 4 or k.shape[1] != q.shape[1]:
         return False
+    f32 = q.dtype == torch.float32
+    checks = flash_attention if f32 else cudnn_attention
     try:
-        check_operands(_layout(q), _layout(k), _layout(v), _layout(out))
-        check_operands(_layout(q), _layout(k), _layout(v), _layout(dout))
-        check(q.shape[-1], config(q.shape[-1]))
+        checks.check_operands(_layout(q), _layout(k), _layout(v), _layout(out))
+        checks.check_operands(_layout(q), _layout(k), _layout(v), _layout(dout))
+        if f32:
+            check(q.shape[-1], config(q.shape[-1]))
         if bias is not None:
-            check_bias(_layout(q), _layout(k), _layout(bias))
+            checks.check_bias(_layout(q), _layout(k), _layout(bias))
     except AttentionError:
         return False
     return True
@@ -101,7 +112,7 @@ def run_grad(dq, dk, dv, q, k, v, out, dout, bias, scale: float, causal: bool, l
             stream = torch.saturn.stream_handle(index)
             try:
                 with torch.saturn.device(index):
-                    plan = FlashGradPlan(
+                    plan = _plan_type(q.dtype)(
                         *lays[:5],
                         tuple(lays[5:]),
                         scale,
@@ -192,7 +203,7 @@ sdpa_grad = custom_op(
     "(Tensor like, Tensor dout_t, Tensor qt, Tensor k, Tensor v, Tensor out_t, float scale, "
     "bool causal) -> Tensor",
     reference=_grad_ref,
-    dtypes=(torch.float32,),
+    dtypes=KERNEL_DTYPES,
     host=_host("saturn::sdpa_grad"),
     when=_takes,
 )
@@ -201,7 +212,7 @@ sdpa_grad_bias = custom_op(
     "(Tensor like, Tensor dout_t, Tensor qt, Tensor k, Tensor v, Tensor out_t, Tensor bias, "
     "float scale) -> Tensor",
     reference=_grad_bias_ref,
-    dtypes=(torch.float32,),
+    dtypes=KERNEL_DTYPES,
     host=_host("saturn::sdpa_grad_bias"),
     when=_takes,
 )
@@ -210,7 +221,7 @@ sdpa_grad_bias = custom_op(
 def _grad_operands(query, key, value, out, grad_out, attn_bias, dropout_p: float):
     """(q, k, v, out, dO, bias) as the gradient kernel reads them (key and value heads
     expanded, the mask broadcast and packed), or None where it does not run."""
-    if dropout_p != 0.0 or query.dtype != torch.float32:
+    if dropout_p != 0.0 or query.dtype not in KERNEL_DTYPES:
         return None
     if not on_fused_device(query, key, value, out, grad_out):
         return None

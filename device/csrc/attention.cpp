@@ -3,8 +3,8 @@
 // products and a softmax over the whole [S, S] score matrix, in float32). Where saturn's
 // fused kernel can take the call this answers "overrideable", and aten calls
 // _scaled_dot_product_fused_attention_overrideable, which saturn implements in Python
-// (device/sdpa.py): the fused cuDNN kernel on a GPU, the same math elsewhere; and, for
-// float32 with a gradient, its backward (device/sdpa_grad.py).
+// (device/sdpa.py): the fused cuDNN kernel on a GPU, the same math elsewhere; and, with a
+// gradient on a GPU, its backward (device/sdpa_grad.py).
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
@@ -26,12 +26,13 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   // float32: saturn's own kernel (codegen/flash_attention.py), on a GPU only; saturn:0 is
   // the CPU reference device and keeps the math
   const bool f32 = q.scalar_type() == at::kFloat && q.device().index() >= 1;
-  // a gradient: saturn's float32 gradient kernel (codegen/flash_grad.py, device/sdpa_grad.py)
-  // for q, k and v; a mask's gradient and half types' gradients keep the math
+  // a gradient of q, k and v, on a GPU: the fused op's backward (device/sdpa_grad.py:
+  // saturn's float32 kernel, cuDNN's for half types); a mask's gradient keeps the math,
+  // and so does saturn:0
   const bool mask_grad = mask.has_value() && mask->defined() && mask->requires_grad();
   const bool grad = at::GradMode::is_enabled() &&
                     (q.requires_grad() || k.requires_grad() || v.requires_grad() || mask_grad);
-  if (grad && (mask_grad || !f32)) return math;
+  if (grad && (mask_grad || q.device().index() < 1)) return math;
   if (!(half_type(q.scalar_type()) || f32) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return math;

@@ -178,9 +178,8 @@ def test_dropout_and_a_mask_gradient_are_refused_plainly():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_device_keeps_the_math_where_the_gradient_kernel_does_not_apply(dtype):
-    """saturn:0 keeps the math for float32 (the kernel is a GPU's), and a half type with a
-    gradient keeps it everywhere (no half-type gradient kernel); a mask that needs a
-    gradient keeps it too."""
+    """saturn:0 keeps the math where a gradient is needed, in every dtype (the gradient
+    kernels are a GPU's), as it did before they existed."""
     q = torch.randn(1, 2, 8, 8).to(dtype).to(REF).requires_grad_()
     g = make_fx(lambda x: attention(x, x, x))(q)
     targets = {str(n.target) for n in g.graph.nodes}
