@@ -26,6 +26,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
                         [--baselines all|autotune|eager|none] [--no-baselines] [--training]
                         [--conv-grads cudnn|written] [--input-writes saturn|aot]
+                        [--attention-grad fused|math]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -568,6 +569,7 @@ def _format(r: dict) -> str:
         + (f"\n{'':24s} rewrites: {r['rewrites']}" if r.get("rewrites") else "")
         + (f"\n{'':24s} convolution gradients: {r['conv_grads']}" if r.get("conv_grads") else "")
         + (f"\n{'':24s} input writes: {r['input_writes']}" if r.get("input_writes") else "")
+        + (f"\n{'':24s} attention grad: {r['attention_grad']}" if r.get("attention_grad") else "")
         + (f"\n{'':24s} uncompiled: {r['reasons']}" if r["uncompiled"] else "")
         + (f"\n{'':24s} failed calls: {r['failed_calls']}" if r.get("failed_calls") else "")
     )
@@ -579,6 +581,7 @@ def _child(name: str, a: argparse.Namespace) -> dict:
     cmd += ["--baselines", "none" if a.no_baselines else a.baselines]
     cmd += ["--rewrites", *a.rewrites] if a.rewrites else []
     cmd += ["--conv-grads", a.conv_grads, "--input-writes", a.input_writes]
+    cmd += ["--attention-grad", a.attention_grad]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -640,6 +643,13 @@ def main() -> None:
         "saturn's recipe (the default, decision 0127) or copied back by AOTAutograd after "
         "the call (an A/B); rows other than the default state it",
     )
+    ap.add_argument(
+        "--attention-grad",
+        default="fused",
+        choices=["fused", "math"],
+        help="attention's gradient on a GPU: the fused kernels (the default, decision 0128) "
+        "or aten's math (an A/B); rows other than the default state it",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default=None, help=argparse.SUPPRESS)
@@ -659,6 +669,10 @@ def main() -> None:
             from saturn import backend
 
             backend.KEEP_INPUT_WRITES = False
+        if a.attention_grad == "math":
+            from saturn import sdpa_grad
+
+            sdpa_grad.KERNELS = False
         row = run_one(
             a.child,
             a.device,
@@ -672,6 +686,8 @@ def main() -> None:
             row["conv_grads"] = a.conv_grads
         if a.input_writes != "saturn":
             row["input_writes"] = a.input_writes
+        if a.attention_grad != "fused":
+            row["attention_grad"] = a.attention_grad
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)

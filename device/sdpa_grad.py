@@ -45,6 +45,9 @@ from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_devic
 log = logging.getLogger("saturn")
 aten = torch.ops.aten
 
+# False: aten's math for every attention gradient, eager and compiled (an A/B switch:
+# bench/zoo.py --attention-grad math); the forward keeps its fused kernel either way
+KERNELS = True
 _PLANS: dict[tuple, tuple[FlashGradPlan, torch.Tensor] | str] = {}
 _LOCK = threading.Lock()
 
@@ -221,7 +224,7 @@ sdpa_grad_bias = custom_op(
 def _grad_operands(query, key, value, out, grad_out, attn_bias, dropout_p: float):
     """(q, k, v, out, dO, bias) as the gradient kernel reads them (key and value heads
     expanded, the mask broadcast and packed), or None where it does not run."""
-    if dropout_p != 0.0 or query.dtype not in KERNEL_DTYPES:
+    if not KERNELS or dropout_p != 0.0 or query.dtype not in KERNEL_DTYPES:
         return None
     if not on_fused_device(query, key, value, out, grad_out):
         return None

@@ -167,6 +167,16 @@ def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(monk
     assert scale == 0.3
 
 
+def test_the_switch_keeps_the_math(monkeypatch):
+    """``KERNELS = False`` (``zoo.py --attention-grad math``): no kernel even where one
+    would take the operands."""
+    monkeypatch.setattr(sdpa_grad, "on_fused_device", lambda *ts: True)
+    q, k, v, bias, _ = operands("float-mask")
+    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
+    monkeypatch.setattr(sdpa_grad, "KERNELS", False)
+    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
+
+
 def test_dropout_and_a_mask_gradient_are_refused_plainly():
     q, k, v, bias, _ = operands("float-mask")
     args = (q, q, k, v, bias, [True] * 4, q, None, None, None, 16, 16)
