@@ -672,7 +672,7 @@ def main() -> None:
         if a.attention_grad == "math":
             from saturn import sdpa_grad
 
-            sdpa_grad.KERNELS = False
+            sdpa_grad.set_kernels(False)
         row = run_one(
             a.child,
             a.device,

@@ -45,8 +45,8 @@ from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_devic
 log = logging.getLogger("saturn")
 aten = torch.ops.aten
 
-# False: aten's math for every attention gradient, eager and compiled (an A/B switch:
-# bench/zoo.py --attention-grad math); the forward keeps its fused kernel either way
+# False (``set_kernels``): attention with a gradient is aten's math again, forward and
+# backward, as before decision 0128 (an A/B switch: bench/zoo.py --attention-grad math)
 KERNELS = True
 _PLANS: dict[tuple, tuple[FlashGradPlan, torch.Tensor] | str] = {}
 _LOCK = threading.Lock()
@@ -73,6 +73,14 @@ def _fold(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     b, h, s, d = grad.shape
     hk = kv.shape[1]
     return grad if h == hk else grad.view(b, hk, h // hk, s, d).sum(2)
+
+
+def set_kernels(on: bool) -> None:
+    """Whether attention with a gradient runs the fused kernels on a GPU: the device's
+    choice (``csrc/attention.cpp``) and this module's ``KERNELS`` together."""
+    global KERNELS
+    KERNELS = bool(on)
+    torch.ops.saturn_rt.set_fused_attention_grad(KERNELS)
 
 
 def _plan_type(dtype: torch.dtype) -> type:

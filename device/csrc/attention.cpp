@@ -9,11 +9,17 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/transformers/attention.h>
+#include <torch/library.h>
+
+#include <atomic>
 
 namespace saturn {
 namespace {
 
 bool half_type(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// whether a gradient takes the fused op (device/sdpa_grad.py's switch, KERNELS)
+std::atomic<bool> fused_grad{true};
 
 int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
@@ -32,7 +38,7 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const bool mask_grad = mask.has_value() && mask->defined() && mask->requires_grad();
   const bool grad = at::GradMode::is_enabled() &&
                     (q.requires_grad() || k.requires_grad() || v.requires_grad() || mask_grad);
-  if (grad && (mask_grad || q.device().index() < 1)) return math;
+  if (grad && (mask_grad || q.device().index() < 1 || !fused_grad.load())) return math;
   if (!(half_type(q.scalar_type()) || f32) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return math;
@@ -59,3 +65,8 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &saturn::sdp_choice)
 }  // namespace at::native
+
+TORCH_LIBRARY_FRAGMENT(saturn_rt, m) {
+  m.def("set_fused_attention_grad(bool on) -> ()",
+        [](bool on) { saturn::fused_grad.store(on); });
+}
