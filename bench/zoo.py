@@ -26,7 +26,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
                         [--baselines all|autotune|eager|none] [--no-baselines] [--training]
                         [--conv-grads cudnn|written] [--input-writes saturn|aot]
-                        [--attention-grad fused|math]
+                        [--attention-grad math|fused]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -645,10 +645,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--attention-grad",
-        default="fused",
-        choices=["fused", "math"],
-        help="attention's gradient on a GPU: the fused kernels (the default, decision 0128) "
-        "or aten's math (an A/B); rows other than the default state it",
+        default="math",
+        choices=["math", "fused"],
+        help="attention with a gradient on a GPU: aten's math (saturn's default until the "
+        "fused gradient kernels have passed their GPU tests) or the fused kernels (decision "
+        "0128); rows other than the default state it",
     )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -669,10 +670,10 @@ def main() -> None:
             from saturn import backend
 
             backend.KEEP_INPUT_WRITES = False
-        if a.attention_grad == "math":
+        if a.attention_grad == "fused":
             from saturn import sdpa_grad
 
-            sdpa_grad.set_kernels(False)
+            sdpa_grad.set_kernels(True)
         row = run_one(
             a.child,
             a.device,
@@ -686,7 +687,7 @@ def main() -> None:
             row["conv_grads"] = a.conv_grads
         if a.input_writes != "saturn":
             row["input_writes"] = a.input_writes
-        if a.attention_grad != "fused":
+        if a.attention_grad != "math":
             row["attention_grad"] = a.attention_grad
         print("ZOO " + json.dumps(row))
         return

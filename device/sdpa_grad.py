@@ -45,9 +45,11 @@ from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_devic
 log = logging.getLogger("saturn")
 aten = torch.ops.aten
 
-# False (``set_kernels``): attention with a gradient is aten's math again, forward and
-# backward, as before decision 0128 (an A/B switch: bench/zoo.py --attention-grad math)
-KERNELS = True
+# Whether attention with a gradient runs the fused kernels (``set_kernels``). Off: aten's
+# math, forward and backward, as before decision 0128; the default until the kernels have
+# passed their GPU tests (tests/device/test_sdpa_grad_gpu.py turns it on; so does
+# bench/zoo.py --attention-grad fused)
+KERNELS = False
 _PLANS: dict[tuple, tuple[FlashGradPlan, torch.Tensor] | str] = {}
 _LOCK = threading.Lock()
 

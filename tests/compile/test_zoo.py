@@ -120,12 +120,12 @@ def test_zoo_training_step_stays_finite_on_a_deep_network():
 
 
 def test_zoo_child_rows_state_written_out_convolution_gradients():
-    """``--conv-grads written``, ``--input-writes aot`` and ``--attention-grad math`` reach
+    """``--conv-grads written``, ``--input-writes aot`` and ``--attention-grad fused`` reach
     the model's own process, which states them in its row (A/Bs of decisions 0125, 0127
     and 0128; the first and last only change GPU targets' graphs)."""
     import argparse
 
-    def args(conv_grads, input_writes="saturn", attention_grad="fused"):
+    def args(conv_grads, input_writes="saturn", attention_grad="math"):
         return argparse.Namespace(
             device="saturn:0",
             dtype="float32",
@@ -140,8 +140,8 @@ def test_zoo_child_rows_state_written_out_convolution_gradients():
             timeout=300,
         )
 
-    written = zoo._child("resnet18", args("written", "aot", "math"))
+    written = zoo._child("resnet18", args("written", "aot", "fused"))
     assert written.get("correct") and written["conv_grads"] == "written", written
-    assert written["input_writes"] == "aot" and written["attention_grad"] == "math", written
+    assert written["input_writes"] == "aot" and written["attention_grad"] == "fused", written
     plain = zoo._child("resnet18", args("cudnn"))
     assert not {"conv_grads", "input_writes", "attention_grad"} & set(plain)

@@ -47,6 +47,14 @@ def operands(name: str):
     return q, k, v, bias, causal
 
 
+@pytest.fixture
+def kernels_on():
+    """The fused gradient's switch on (off by default, decision 0128), off again after."""
+    sdpa_grad.set_kernels(True)
+    yield
+    sdpa_grad.set_kernels(False)
+
+
 def fused_call(q, k, v, bias, causal):
     """The op aten's attention calls when the device chooses the fused path."""
     return FUSED(q, k, v, bias, is_causal=causal, scale=0.3)[0]
@@ -105,7 +113,7 @@ def _compiled(fn, args):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["math", "fused-branch"])
 @pytest.mark.parametrize("name", ["causal", "float-mask", "gqa-causal", "cross-lengths"])
-def test_compiled_backward_on_saturn0_matches_eager_cpu(name, fused, monkeypatch):
+def test_compiled_backward_on_saturn0_matches_eager_cpu(name, fused, monkeypatch, kernels_on):
     """The joint graph's backward op decomposes into the math (saturn:0), or, where the
     gradient kernel takes the operands (saturn:0 made to count as a GPU: the layout checks
     are real), into ``saturn::sdpa_grad(_bias)``, whose reference runs here, counted."""
@@ -130,7 +138,9 @@ def test_compiled_backward_on_saturn0_matches_eager_cpu(name, fused, monkeypatch
     torch._dynamo.reset()
 
 
-def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(monkeypatch):
+def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(
+    monkeypatch, kernels_on
+):
     """The decomposition's custom op: k and v with q's heads, the mask packed to [B or 1,
     H or 1, Sq, Skv], a float32 ``like`` of the three gradients' sizes first."""
     monkeypatch.setattr(sdpa_grad, "on_fused_device", lambda *ts: True)
@@ -167,13 +177,19 @@ def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(monk
     assert scale == 0.3
 
 
-def test_the_switch_keeps_the_math(monkeypatch):
-    """``KERNELS = False`` (``zoo.py --attention-grad math``): no kernel even where one
-    would take the operands."""
+def test_the_switch_keeps_the_math_and_is_off_by_default(monkeypatch):
+    """Until the kernels have passed their GPU tests the switch is off (decision 0128):
+    no kernel even where one would take the operands; ``set_kernels(True)``
+    (``zoo.py --attention-grad fused``) turns it on, the device's choice included."""
     monkeypatch.setattr(sdpa_grad, "on_fused_device", lambda *ts: True)
     q, k, v, bias, _ = operands("float-mask")
-    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
-    monkeypatch.setattr(sdpa_grad, "KERNELS", False)
+    assert not sdpa_grad.KERNELS
+    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
+    sdpa_grad.set_kernels(True)
+    try:
+        assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
+    finally:
+        sdpa_grad.set_kernels(False)
     assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
 
 

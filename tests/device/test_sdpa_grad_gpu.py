@@ -58,6 +58,15 @@ def grads(q, k, v, bias, causal, g, device, dtype=torch.float32):
     return [out.detach().cpu().float()] + [x.grad.cpu().float() for x in xs]
 
 
+@pytest.fixture(autouse=True)
+def kernels_on():
+    """The fused gradient is off by default until these tests have passed (decision
+    0128); they turn it on, and off again after."""
+    sdpa_grad.set_kernels(True)
+    yield
+    sdpa_grad.set_kernels(False)
+
+
 def kernel_runs() -> int:
     return sum(p[0].runs for p in sdpa_grad._PLANS.values() if not isinstance(p, str))
 
