@@ -13,6 +13,8 @@ unfused product instead. ``run`` takes the pointers of each call and runs on sat
 
 from __future__ import annotations
 
+from saturn.eqsat.program import packed_strides
+
 from .conv import _handle, _Ptr
 from .gemm import Layout
 
@@ -155,12 +157,11 @@ class AttentionPlan:
         )
 
 
-def _packed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+def check_grads(q: Layout, k: Layout, v: Layout, grads: tuple[Layout, Layout, Layout]) -> None:
+    """dq, dk and dv shaped and typed as q, k and v, each with its head axis contiguous."""
+    for name, got, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
+        if got.shape != like.shape or got.dtype != like.dtype or got.strides[3] != 1:
+            raise AttentionError(f"{name} {got} does not pair with {like}")
 
 
 class AttentionGradPlan:
@@ -189,9 +190,7 @@ class AttentionGradPlan:
     ):
         check_operands(q, k, v, out)
         check_operands(q, k, v, dout)
-        for name, got, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
-            if got.shape != like.shape or got.dtype != q.dtype or got.strides[3] != 1:
-                raise AttentionError(f"{name} {got} does not pair with {like}")
+        check_grads(q, k, v, grads)
         if bias is not None:
             check_bias(q, k, bias)
         import cudnn
@@ -200,7 +199,7 @@ class AttentionGradPlan:
         self.rows, self.has_bias, self.lse_given = b * h * sq, bias is not None, lse
         self.forward = None
         if not lse:  # the forward once more: its statistics, and an output nobody reads
-            scratch = Layout(q.dtype, q.shape, _packed(q.shape))
+            scratch = Layout(q.dtype, q.shape, packed_strides(q.shape))
             self.forward = AttentionPlan(
                 q, k, v, scratch, scale, stream, bias=bias, causal=causal, stats=True
             )

@@ -43,8 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from saturn.eqsat.program import packed_strides
+
 from . import flash_mma
-from .attention import AttentionError
+from .attention import AttentionError, check_grads
 from .flash_attention import FlashPlan, check_bias, check_operands
 from .gemm import Layout, raw_kernel
 
@@ -325,14 +327,6 @@ def source(d: int, causal: bool, bias: bool, tile: GradTile) -> str:
     return "".join(f"#define {n} {x}\n" for n, x in defs.items()) + text
 
 
-def _packed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
-
-
 class FlashGradPlan:
     """dq, dk, dv of float32 attention for fixed layouts, on saturn's stream.
 
@@ -360,9 +354,7 @@ class FlashGradPlan:
     ):
         check_operands(q, k, v, out)
         check_operands(q, k, v, dout)
-        for name, got, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
-            if got.shape != like.shape or got.dtype != "f32" or got.strides[3] != 1:
-                raise AttentionError(f"{name} {got} does not pair with {like}")
+        check_grads(q, k, v, grads)
         if k.shape[1] != q.shape[1]:
             raise AttentionError("the gradient kernel takes key and value heads equal to q's")
         if bias is not None:
@@ -375,7 +367,7 @@ class FlashGradPlan:
         self.forward = None
         self.workspace_size = 4 * rows  # delta
         if not lse:  # the forward once more, into the workspace: the log-sum-exp (and out)
-            scratch = Layout("f32", q.shape, _packed(q.shape))
+            scratch = Layout("f32", q.shape, packed_strides(q.shape))
             self.forward = FlashPlan(
                 q, k, v, scratch, scale, stream, bias=bias, causal=causal, stats=True
             )

@@ -264,7 +264,8 @@ def _check(dropout_p: float, grad_input_mask) -> None:
         raise NotImplementedError("saturn: the gradient of an attention mask")
 
 
-def overrideable_backward(
+def _backward(
+    compiled: bool,
     grad_out,
     query,
     key,
@@ -284,59 +285,43 @@ def overrideable_backward(
     *,
     scale=None,
 ):
-    """The eager kernel: saturn's on a GPU where it takes the call, the math otherwise."""
-    _check(dropout_p, grad_input_mask)
-    s = _scale(query, scale)
-    fused = _grad_operands(query, key, value, out, grad_out, attn_bias, dropout_p)
-    if fused is not None:
-        q, k, v, o, g, bias = fused
-        flat = torch.empty(_total(q, k, v), dtype=q.dtype, device=q.device)
-        dq, dk, dv = _pieces(flat, q, k, v)
-        lse = logsumexp.reshape(q.shape[:3]).contiguous()
-        if run_grad(dq, dk, dv, q, k, v, o, g, bias, s, is_causal, lse):
-            kb, vb = _batched(key, value)
-            return _results(query, key, value, (dq, _fold(dk, kb), _fold(dv, vb)))
-        count_fallback("aten::_scaled_dot_product_fused_attention_overrideable_backward")
-    return _math_results(grad_out, query, key, value, attn_bias, s, is_causal)
-
-
-def decomposition(
-    grad_out,
-    query,
-    key,
-    value,
-    attn_bias,
-    grad_input_mask,
-    out,
-    logsumexp,
-    cum_seq_q,
-    cum_seq_k,
-    max_q,
-    max_k,
-    dropout_p,
-    is_causal,
-    philox_seed,
-    philox_offset,
-    *,
-    scale=None,
-):
-    """The op in a compiled graph: ``saturn::sdpa_grad`` (``_bias``) where the kernel takes
-    the operands, aten's math written out otherwise."""
+    """The op's arguments (aten's schema) to (dq, dk, dv, None): the gradient kernel where
+    it takes them (eager: run with the forward's log-sum-exp; compiled: the custom op),
+    aten's math otherwise (eager: computed; compiled: written out)."""
     _check(dropout_p, grad_input_mask)
     s = _scale(query, scale)
     fused = _grad_operands(query, key, value, out, grad_out, attn_bias, dropout_p)
     if fused is None:
         return _math_results(grad_out, query, key, value, attn_bias, s, is_causal)
     q, k, v, o, g, bias = fused
-    like = torch.zeros(_total(q, k, v), dtype=q.dtype, device=q.device)
-    ts = (like, g.transpose(1, 2), q.transpose(1, 2), k, v, o.transpose(1, 2))
-    if bias is None:
-        flat = torch.ops.saturn.sdpa_grad(*ts, s, is_causal)
-    else:
-        flat = torch.ops.saturn.sdpa_grad_bias(*ts, bias, s)
-    dq, dk, dv = _pieces(flat, q, k, v)
     kb, vb = _batched(key, value)
-    return _results(query, key, value, (dq, _fold(dk, kb), _fold(dv, vb)))
+    if compiled:
+        like = torch.zeros(_total(q, k, v), dtype=q.dtype, device=q.device)
+        ts = (like, g.transpose(1, 2), q.transpose(1, 2), k, v, o.transpose(1, 2))
+        if bias is None:
+            flat = torch.ops.saturn.sdpa_grad(*ts, s, is_causal)
+        else:
+            flat = torch.ops.saturn.sdpa_grad_bias(*ts, bias, s)
+        dq, dk, dv = _pieces(flat, q, k, v)
+        return _results(query, key, value, (dq, _fold(dk, kb), _fold(dv, vb)))
+    dq, dk, dv = _pieces(torch.empty(_total(q, k, v), dtype=q.dtype, device=q.device), q, k, v)
+    lse = logsumexp.reshape(q.shape[:3]).contiguous()
+    if run_grad(dq, dk, dv, q, k, v, o, g, bias, s, is_causal, lse):
+        return _results(query, key, value, (dq, _fold(dk, kb), _fold(dv, vb)))
+    count_fallback("aten::_scaled_dot_product_fused_attention_overrideable_backward")
+    return _math_results(grad_out, query, key, value, attn_bias, s, is_causal)
+
+
+def overrideable_backward(*args, scale=None):
+    """The eager kernel (PrivateUse1): saturn's gradient kernel on a GPU where it takes the
+    call, the math otherwise."""
+    return _backward(False, *args, scale=scale)
+
+
+def decomposition(*args, scale=None):
+    """The op in a compiled graph: ``saturn::sdpa_grad`` (``_bias``) where the kernel takes
+    the operands, aten's math written out otherwise."""
+    return _backward(True, *args, scale=scale)
 
 
 _lib = torch.library.Library("aten", "IMPL")  # kept: a dropped Library unregisters
