@@ -192,6 +192,14 @@ class SaturnProcessGroup(dist.ProcessGroup):
             self._nccl_group = dist.ProcessGroupNCCL(store, self._rank, self._size, opts)
         return self._nccl_group
 
+    def shutdown(self) -> None:
+        """``destroy_process_group``'s call: the inner groups stop their worker threads now.
+        Left to the interpreter's teardown, gloo's threads can abort the process on exit
+        ("terminate called without an active exception", pytorch#190489)."""
+        self._gloo.shutdown()
+        if self._nccl_group is not None:
+            self._nccl_group.shutdown()
+
     def getBackendName(self) -> str:  # noqa: N802 (c10d's names, here and below)
         return NAME
 

@@ -264,6 +264,28 @@ def test_the_backend_is_registered_for_the_saturn_device():
     assert "saturn" in dist.Backend.backend_list
 
 
+def test_destroying_the_group_shuts_its_inner_group_down(tmp_path):
+    """``destroy_process_group`` reaches saturn's group, which shuts its gloo group down
+    then, not at the interpreter's teardown (where gloo's threads can abort the process)."""
+    import saturn  # noqa: F401
+
+    dist.init_process_group("saturn", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    ours = dist.group.WORLD  # saturn's group itself (its backend registers the extended API)
+    gloo, calls = ours._gloo, []
+
+    class Spy:
+        def shutdown(self):
+            calls.append("shutdown")
+            gloo.shutdown()
+
+    x = torch.ones(4, device="saturn:0")
+    dist.all_reduce(x)  # the group works before
+    ours._gloo = Spy()
+    dist.destroy_process_group()
+    assert calls == ["shutdown"]
+    assert torch.equal(x.cpu(), torch.ones(4))
+
+
 # --- one GPU: a group of one in this process ------------------------------------------
 
 
