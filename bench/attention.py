@@ -4,13 +4,16 @@ process. (saturn's unfused eager product is not timed: its softmax is the CPU fa
 A float32 table comes first: saturn's own kernel against PyTorch's memory-efficient one.
 A second table times ``F.scaled_dot_product_attention`` itself on saturn tensors (the fused
 op the device chooses, decision 0061), causal and with grouped-query heads, against the same
-call on CUDA tensors.
+call on CUDA tensors. The last table times attention's gradient (decision 0128: saturn's
+float32 kernel, cuDNN's backward for bfloat16) against PyTorch's memory-efficient (float32)
+and flash (bfloat16) backward ops, called directly (no autograd: CUDA autograd cannot run in
+a process that imported saturn yet), each given its own forward's output and log-sum-exp.
 
 What is timed: wall time of one call plus a device synchronize, median of REPEATS calls
 after warm-up (the first call of a layout plans), q, k, v as [B, H, S, D] views of one
 packed [B, S, 3 H D] projection (an encoder's heads, read in place by both kernels).
 
-    python bench/attention.py            (on a GPU machine)
+    python bench/attention.py [grad]     (on a GPU machine; grad: the gradient table only)
 """
 
 from __future__ import annotations
@@ -122,9 +125,88 @@ def f32_row(b: int, s: int, h: int, d: int, causal: bool) -> str:
     )
 
 
+GRAD_SHAPES = (  # B, S, H, D, causal: DeiT-tiny's heads, an encoder's, a decoder's
+    (32, 197, 3, 64, False),
+    (8, 512, 12, 64, False),
+    (4, 1024, 16, 64, True),
+    (2, 2048, 16, 128, True),
+)
+
+
+def grad_row(b: int, s: int, h: int, d: int, causal: bool, dtype: torch.dtype) -> str:
+    """dq, dk, dv of attention on saturn tensors (``sdpa_grad.run_grad`` with the forward's
+    log-sum-exp, as an eager backward runs it) against PyTorch's backward op on CUDA
+    tensors; ``pipelined_us`` per call, and the largest difference of the three gradients."""
+    from saturn import sdpa_grad
+
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(b, h, s, d).to(dtype) for _ in range(4))
+    cq, ck, cv, cg = (t.cuda() for t in (q, k, v, g))
+    scale = d**-0.5
+    aten = torch.ops.aten
+    if dtype == torch.float32:
+        out, lse, seed, off = aten._scaled_dot_product_efficient_attention(
+            cq, ck, cv, None, True, 0.0, causal, scale=scale
+        )
+        mask = [True, True, True, False]
+
+        def torch_call():
+            return aten._scaled_dot_product_efficient_attention_backward(
+                cg, cq, ck, cv, None, out, lse, seed, off, 0.0, mask, causal, scale=scale
+            )[:3]
+    else:
+        out, lse, cq_, ck_, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(
+            cq, ck, cv, 0.0, causal, False, scale=scale
+        )
+
+        def torch_call():
+            return aten._scaled_dot_product_flash_attention_backward(
+                cg, cq, ck, cv, out, lse, cq_, ck_, mq, mk, 0.0, causal, seed, off, scale=scale
+            )
+
+    sq, sk, sv, sg = (t.to(GPU) for t in (q, k, v, g))
+    so, slse = aten._scaled_dot_product_fused_attention_overrideable(
+        sq, sk, sv, None, 0.0, causal, scale=scale
+    )[:2]  # the fused forward's output and log-sum-exp, as an eager backward is given them
+    flat = torch.empty(3 * q.numel(), dtype=dtype, device=GPU)
+    pieces = sdpa_grad._pieces(flat, sq, sk, sv)
+
+    def saturn_call():
+        if not sdpa_grad.run_grad(*pieces, sq, sk, sv, so, sg, None, scale, causal, slse):
+            raise RuntimeError("the gradient kernel refused these operands")
+        return pieces
+
+    t_torch = pipelined_us(torch_call, torch.cuda.synchronize, REPEATS)
+    t_saturn = pipelined_us(saturn_call, lambda: torch.saturn.synchronize(GPU), REPEATS)
+    err = max(
+        (a.cpu().float() - b.cpu().float()).abs().max().item()
+        for a, b in zip(saturn_call(), torch_call(), strict=True)
+    )
+    shape = f"{b}x{s}x{h}x{d}{' causal' if causal else ''}"
+    name = "f32" if dtype == torch.float32 else "bf16"
+    times = f"{t_torch:14.1f} {t_saturn:12.1f} {t_torch / t_saturn:8.2f}"
+    return f"{shape:>22s} {name:>5s} {times} {err:12.2e}"
+
+
+def grad_table() -> None:
+    print("attention's gradient (dq, dk, dv), eager, given the forward's output and statistics")
+    print(
+        f"{'B x S x H x D':>22s} {'dtype':>5s} {'torch us':>14s} {'saturn us':>12s} "
+        f"{'x torch':>8s} {'max |s - t|':>12s}"
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in GRAD_SHAPES:
+            print(grad_row(*shape, dtype), flush=True)
+
+
 if __name__ == "__main__":
+    import sys
+
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    if sys.argv[1:] == ["grad"]:
+        grad_table()
+        sys.exit(0)
     print("F.scaled_dot_product_attention, float32, eager")
     print(
         f"{'B x S x H x D':>22s} {'torch mem-eff':>14s} {'saturn us':>12s} {'x torch':>8s} "
@@ -147,3 +229,5 @@ if __name__ == "__main__":
     )
     for shape in CAUSAL_SHAPES:
         print(sdpa_row(*shape))
+    print()
+    grad_table()
