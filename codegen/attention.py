@@ -72,6 +72,30 @@ def check_operands(q: Layout, k: Layout, v: Layout, out: Layout) -> None:
             raise AttentionError(f"{name}'s head dimension is not contiguous")
 
 
+def _graph(dtype: str, handle):
+    """A cuDNN graph with ``dtype`` (f16 or bf16) operands, float32 inside, and that type."""
+    import cudnn
+
+    t = {"f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16}[dtype]
+    g = cudnn.pygraph(
+        io_data_type=t,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    return g, t
+
+
+def _causal(causal: bool) -> dict:
+    """PyTorch's is_causal as cuDNN's options: top-left aligned, nothing right of the
+    diagonal."""
+    if not causal:
+        return {}
+    import cudnn
+
+    return {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
+
+
 class AttentionPlan:
     """``out = softmax(scale * q @ k^T + bias) @ v`` (causal if asked) for fixed layouts;
     ``run`` takes pointers: q, k, v, out, then the bias's and the statistics' if planned.
@@ -95,16 +119,10 @@ class AttentionPlan:
             check_bias(q, k, bias)
         import cudnn
 
-        t = {"f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16}[q.dtype]
         self.stream = stream
         self.handle = _handle(stream)
         try:
-            g = cudnn.pygraph(
-                io_data_type=t,
-                intermediate_data_type=cudnn.data_type.FLOAT,
-                compute_data_type=cudnn.data_type.FLOAT,
-                handle=self.handle,
-            )
+            g, t = _graph(q.dtype, self.handle)
             ins = [
                 g.tensor(name=n, dim=list(x.shape), stride=list(x.strides), data_type=t)
                 for n, x in (("q", q), ("k", k), ("v", v))
@@ -117,9 +135,7 @@ class AttentionPlan:
                     )
                 )
                 extra["bias"] = ins[-1]
-            if causal:  # PyTorch's is_causal: top-left aligned, nothing right of the diagonal
-                extra["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
-                extra["diagonal_band_right_bound"] = 0
+            extra |= _causal(causal)
             o, st = g.sdpa(
                 name="attention",
                 q=ins[0],
@@ -203,15 +219,9 @@ class AttentionGradPlan:
             self.forward = AttentionPlan(
                 q, k, v, scratch, scale, stream, bias=bias, causal=causal, stats=True
             )
-        t = {"f16": cudnn.data_type.HALF, "bf16": cudnn.data_type.BFLOAT16}[q.dtype]
         self.handle = _handle(stream)
         try:
-            g = cudnn.pygraph(
-                io_data_type=t,
-                intermediate_data_type=cudnn.data_type.FLOAT,
-                compute_data_type=cudnn.data_type.FLOAT,
-                handle=self.handle,
-            )
+            g, t = _graph(q.dtype, self.handle)
             ins = [
                 g.tensor(name=n, dim=list(x.shape), stride=list(x.strides), data_type=t)
                 for n, x in (("q", q), ("k", k), ("v", v), ("o", out), ("dO", dout))
@@ -227,9 +237,7 @@ class AttentionGradPlan:
                 extra["bias"] = g.tensor(
                     name="bias", dim=list(bias.shape), stride=list(bias.strides), data_type=t
                 )
-            if causal:
-                extra["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
-                extra["diagonal_band_right_bound"] = 0
+            extra |= _causal(causal)
             dq, dk, dv = g.sdpa_backward(
                 name="attention_grad",
                 q=ins[0],

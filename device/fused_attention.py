@@ -21,9 +21,16 @@ from typing import NamedTuple
 import torch
 
 from saturn.codegen import flash_attention
-from saturn.codegen.attention import AttentionError, AttentionPlan, check_bias, check_operands
+from saturn.codegen.attention import (
+    AttentionError,
+    AttentionGradPlan,
+    AttentionPlan,
+    check_bias,
+    check_operands,
+)
 from saturn.codegen.conv import cudnn_unavailable
 from saturn.codegen.flash_attention import FlashPlan
+from saturn.codegen.flash_grad import FlashGradPlan
 from saturn.codegen.gemm import Layout
 from saturn.eqsat.program import packed_strides
 
@@ -67,16 +74,20 @@ def fused_attention_takes(q, k, v, scale: float = 1.0) -> bool:
 
 
 class Kernel(NamedTuple):
-    """The fused kernel of one dtype: what it takes, and the plan that runs it."""
+    """The fused kernel of one dtype: what it takes, the plan that runs it, and the plan
+    of its gradient (decision 0128)."""
 
     check_operands: Callable
     check_bias: Callable
     plan: type
+    grad_plan: type
 
 
 # cuDNN's for half types (codegen/attention.py), saturn's own for float32 (decision 0115)
-_CUDNN = Kernel(check_operands, check_bias, AttentionPlan)
-_FLASH = Kernel(flash_attention.check_operands, flash_attention.check_bias, FlashPlan)
+_CUDNN = Kernel(check_operands, check_bias, AttentionPlan, AttentionGradPlan)
+_FLASH = Kernel(
+    flash_attention.check_operands, flash_attention.check_bias, FlashPlan, FlashGradPlan
+)
 
 
 def kernel(dtype: torch.dtype) -> Kernel:
@@ -89,34 +100,43 @@ def missing(dtype: torch.dtype) -> str | None:
     return None if kernel(dtype) is _FLASH else cudnn_unavailable()
 
 
+def cached_plan(cache: dict, key: tuple, build: Callable, device: torch.device, what: Callable):
+    """(plan, workspace) for ``key``, built once per key on ``device``'s stream
+    (``build(stream)``); None where the plan refused (``AttentionError``: logged once,
+    saying ``what()``, and remembered)."""
+    with _LOCK:
+        have = cache.get(key)
+        if have is None:
+            index = device.index
+            try:
+                with torch.saturn.device(index):
+                    plan = build(torch.saturn.stream_handle(index))
+                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=device)
+                have = (plan, ws)
+            except AttentionError as e:
+                log.warning("saturn: %s: %s", what(), e)
+                have = str(e)
+            cache[key] = have
+    return None if isinstance(have, str) else have
+
+
 def run_fused(out, q, k, v, bias, scale: float, causal: bool, stats=None) -> bool:
     """The fused kernel into ``out`` (and the row statistics into ``stats``); False where
     cuDNN refused this layout (logged once, remembered). Shared with ``device/sdpa.py``."""
     index = out.device.index
     layouts = [_layout(t) for t in (q, k, v, out)]
-    key = (index, *layouts, _layout(bias) if bias is not None else None, scale, causal)
-    key += (stats is not None,)
-    with _LOCK:
-        have = _PLANS.get(key)
-        if have is None:
-            stream = torch.saturn.stream_handle(index)
-            try:
-                with torch.saturn.device(index):
-                    plan = kernel(q.dtype).plan(
-                        *layouts,
-                        scale,
-                        stream,
-                        bias=_layout(bias) if bias is not None else None,
-                        causal=causal,
-                        stats=stats is not None,
-                    )
-                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=out.device)
-                have = (plan, ws)
-            except AttentionError as e:
-                log.warning("saturn: attention %s runs unfused: %s", list(q.shape), e)
-                have = str(e)
-            _PLANS[key] = have
-    if isinstance(have, str):
+    blay = _layout(bias) if bias is not None else None
+    key = (index, *layouts, blay, scale, causal, stats is not None)
+
+    def build(stream: int):
+        return kernel(q.dtype).plan(
+            *layouts, scale, stream, bias=blay, causal=causal, stats=stats is not None
+        )
+
+    have = cached_plan(
+        _PLANS, key, build, out.device, lambda: f"attention {list(q.shape)} runs unfused"
+    )
+    if have is None:
         return False
     plan, ws = have
     ptrs = [t.data_ptr() for t in (q, k, v, out)]

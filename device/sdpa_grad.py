@@ -27,22 +27,16 @@ and their gradients summed after it, as the forward expands them.
 
 from __future__ import annotations
 
-import logging
-import threading
-
 import torch
 
-from saturn.codegen import attention as cudnn_attention
-from saturn.codegen import flash_attention
-from saturn.codegen.attention import AttentionError, AttentionGradPlan
-from saturn.codegen.flash_grad import FlashGradPlan, check, config
+from saturn.codegen.attention import AttentionError
+from saturn.codegen.flash_grad import check, config
 
 from .custom_ops import count_fallback, custom_op
 from .eager_registry import impl
-from .fused_attention import KERNEL_DTYPES, _layout, missing
+from .fused_attention import KERNEL_DTYPES, _layout, cached_plan, kernel, missing
 from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_device
 
-log = logging.getLogger("saturn")
 aten = torch.ops.aten
 
 # Whether attention with a gradient runs the fused kernels (``set_kernels``). Off: aten's
@@ -50,8 +44,7 @@ aten = torch.ops.aten
 # passed their GPU tests (tests/device/test_sdpa_grad_gpu.py turns it on; so does
 # bench/zoo.py --attention-grad fused)
 KERNELS = False
-_PLANS: dict[tuple, tuple[FlashGradPlan, torch.Tensor] | str] = {}
-_LOCK = threading.Lock()
+_PLANS: dict[tuple, tuple | str] = {}  # gradient plans and workspaces (cached_plan)
 
 
 def math_grads(dout, q, k, v, bias, scale: float, causal: bool):
@@ -85,11 +78,6 @@ def set_kernels(on: bool) -> None:
     torch.ops.saturn_rt.set_fused_attention_grad(KERNELS)
 
 
-def _plan_type(dtype: torch.dtype) -> type:
-    """saturn's own kernel for float32, cuDNN's fused backward for half types."""
-    return FlashGradPlan if dtype == torch.float32 else AttentionGradPlan
-
-
 def grad_takes(q, k, v, out, dout, bias=None) -> bool:
     """Whether the gradient kernel takes these operands (real or fake tensors; k and v
     with q's heads): saturn GPU tensors of a kernel's dtype (cuDNN present for half
@@ -98,12 +86,11 @@ def grad_takes(q, k, v, out, dout, bias=None) -> bool:
         return False
     if not on_fused_device(q, k, v, out, dout) or q.dim() != 4 or k.shape[1] != q.shape[1]:
         return False
-    f32 = q.dtype == torch.float32
-    checks = flash_attention if f32 else cudnn_attention
+    checks = kernel(q.dtype)  # saturn's float32 kernel, cuDNN's for half types
     try:
         checks.check_operands(_layout(q), _layout(k), _layout(v), _layout(out))
         checks.check_operands(_layout(q), _layout(k), _layout(v), _layout(dout))
-        if f32:
+        if q.dtype == torch.float32:
             check(q.shape[-1], config(q.shape[-1]))
         if bias is not None:
             checks.check_bias(_layout(q), _layout(k), _layout(bias))
@@ -115,39 +102,34 @@ def grad_takes(q, k, v, out, dout, bias=None) -> bool:
 def run_grad(dq, dk, dv, q, k, v, out, dout, bias, scale: float, causal: bool, lse=None) -> bool:
     """The gradient kernel into dq, dk, dv (the row log-sum-exp ``lse`` [B, H, Sq] packed,
     or None: recomputed); False where it refused these layouts (logged once, remembered)."""
-    index = q.device.index
     lays = [_layout(t) for t in (q, k, v, out, dout, dq, dk, dv)]
-    key = (index, *lays, _layout(bias) if bias is not None else None, scale, causal)
-    key += (lse is not None,)
-    with _LOCK:
-        have = _PLANS.get(key)
-        if have is None:
-            stream = torch.saturn.stream_handle(index)
-            try:
-                with torch.saturn.device(index):
-                    plan = _plan_type(q.dtype)(
-                        *lays[:5],
-                        tuple(lays[5:]),
-                        scale,
-                        stream,
-                        bias=_layout(bias) if bias is not None else None,
-                        causal=causal,
-                        lse=lse is not None,
-                    )
-                ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device=q.device)
-                have = (plan, ws)
-            except AttentionError as e:
-                log.warning(
-                    "saturn: the gradient of attention %s is the math: %s", list(q.shape), e
-                )
-                have = str(e)
-            _PLANS[key] = have
-    if isinstance(have, str):
+    blay = _layout(bias) if bias is not None else None
+    key = (q.device.index, *lays, blay, scale, causal, lse is not None)
+
+    def build(stream: int):
+        return kernel(q.dtype).grad_plan(
+            *lays[:5],
+            tuple(lays[5:]),
+            scale,
+            stream,
+            bias=blay,
+            causal=causal,
+            lse=lse is not None,
+        )
+
+    have = cached_plan(
+        _PLANS,
+        key,
+        build,
+        q.device,
+        lambda: f"the gradient of attention {list(q.shape)} is the math",
+    )
+    if have is None:
         return False
     plan, ws = have
     ptrs = [t.data_ptr() for t in (q, k, v, out, dout, dq, dk, dv)]
     ptrs += [t.data_ptr() for t in (bias, lse) if t is not None]
-    with torch.saturn.device(index):
+    with torch.saturn.device(q.device.index):
         plan.run(tuple(ptrs), ws.data_ptr())
     return True
 
