@@ -51,7 +51,7 @@ def grads(q, k, v, bias, causal, g, device, dtype=torch.float32):
         q, k, v, g = (t.to(dtype).float() for t in (q, k, v, g))
         bias = bias if bias is None or bias.dtype == torch.bool else bias.to(dtype).float()
         dtype = torch.float32
-    xs = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+    xs = [t.detach().to(device, dtype).requires_grad_() for t in (q, k, v)]
     m = None if bias is None else bias.to(device, dtype if bias.is_floating_point() else None)
     out = attention(*xs, attn_mask=m, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
     out.backward(g.to(device, dtype))
