@@ -171,7 +171,9 @@ def compile_fx(
     device = _target(opts, example_inputs)
     if device.index >= 1:
         gpu_stack.check_once()
-    imported = import_graph(gm, replacements=device.index >= 1)
+    imported = import_graph(
+        gm, replacements=device.index >= 1, keep_packed=frozenset(n for n, _ in writes)
+    )
     t_import = time.perf_counter() - t0
     kinds = _devices_of(example_inputs)
     # CPU scalars beside saturn tensors (an optimizer's step counters) are copied in per call
@@ -238,8 +240,8 @@ def compile_fx(
         device=device,
         io_on_device=io_on_device,
         inputs=[
-            InputSpec(None if d == "size" else TORCH_DTYPES[d], s)
-            for d, s, _ in imported.input_meta
+            InputSpec(None if d == "size" else TORCH_DTYPES[d], s, perm=perm)
+            for (d, s, _), perm in zip(imported.input_meta, imported.input_perms, strict=True)
         ],
         output_spec=spec,
         output_types=[

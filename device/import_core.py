@@ -44,6 +44,19 @@ def handles(table: dict[str, Handler]) -> None:
 SIZE = "<size>"  # the env entry of an FX node that computes a size (kept on the host)
 
 
+def read_order(val) -> tuple[int, ...] | None:
+    """The permutation ``p`` that makes a non-contiguous tensor ``val`` packed
+    (``val.permute(p)`` contiguous), or None where ``val`` is packed already, is not a
+    permutation of a packed tensor, or has symbolic sizes (decision 0130)."""
+    if not isinstance(val, torch.Tensor) or val.is_contiguous() or val.numel() == 0:
+        return None
+    if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
+        return None
+    # outer axes first; a size-1 axis's stride is unused, so it keeps its place
+    perm = tuple(sorted(range(val.dim()), key=lambda a: (-val.stride(a), a)))
+    return perm if val.permute(perm).is_contiguous() else None
+
+
 @dataclass
 class Imported:
     graph: Graph
@@ -58,6 +71,8 @@ class Imported:
     # a node a custom op replaces -> the op-table node it stands in for (not in the graph)
     replaced: dict[str, Node] = field(default_factory=dict)
     symbols: dict[str, int] = field(default_factory=dict)  # symbolic size -> its marker
+    # per placeholder: the permutation a call's tensor is read through (read_order), or None
+    input_perms: list[tuple[int, ...] | None] = field(default_factory=list)
     # sizes used as values: a leading int64 0-d input each (in ``inputs``), made per call
     # from its expression over the symbols (saturn.symbolic)
     size_values: list[tuple[str, object]] = field(default_factory=list)
@@ -152,6 +167,10 @@ class Importer:
         self.size_values: dict[str, object] = {}  # graph input -> its size expression
         self.constants: dict[str, object] = {}  # FX node -> its value, where constant
         self.count = 0
+        # placeholders that must be read packed as they are (inputs the recipe writes)
+        self.keep_packed: set[str] = set()
+        self.input_nodes: dict[str, str] = {}  # placeholder -> its Input node
+        self.input_perms: dict[str, tuple[int, ...]] = {}  # placeholder -> read_order
 
     def fresh(self, stem: str) -> str:
         self.count += 1
@@ -271,9 +290,21 @@ class Importer:
             self.env[node.name] = SIZE
             return
         dtype, shape = tensor_type(node)
+        perm = None if node.name in self.keep_packed else read_order(val)
+        if perm is None:
+            self.env[node.name] = self.input_nodes[node.name] = self.add(
+                Node(node.name, "Input", (), (node.name,), dtype, shape), node.name
+            )
+            return
+        # a permutation of a packed tensor (a saved transposed weight): the program reads
+        # the packed tensor and permutes it back, a view, instead of a copy at every call
+        packed = tuple(shape[p] for p in perm)
+        base = self.add(Node(node.name, "Input", (), (node.name,), dtype, packed), node.name)
+        back = tuple(perm.index(i) for i in range(len(perm)))
         self.env[node.name] = self.add(
-            Node(node.name, "Input", (), (node.name,), dtype, shape), node.name
+            Node(self.fresh(node.name), "Permute", (base,), (back,), dtype, shape), node.name
         )
+        self.input_nodes[node.name], self.input_perms[node.name] = base, perm
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target

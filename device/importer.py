@@ -43,20 +43,25 @@ from .import_core import (
 __all__ = ["MARKERS", "SIZE", "Imported", "UnsupportedError", "concrete", "import_graph"]
 
 
-def import_graph(gm: torch.fx.GraphModule, replacements: bool = False) -> Imported:
+def import_graph(
+    gm: torch.fx.GraphModule, replacements: bool = False, keep_packed: frozenset = frozenset()
+) -> Imported:
     """``replacements``: let custom ops that replace ATen ops take their nodes (on GPU
-    targets, where their kernels run)."""
+    targets, where their kernels run). ``keep_packed``: placeholders read only packed (the
+    inputs a recipe writes); any other that is a permuted packed tensor is read through
+    its permutation (``read_order``)."""
     symbol_table.table = {}
     try:
-        imported = _import(gm, replacements)
+        imported = _import(gm, replacements, keep_packed)
     finally:
         table, symbol_table.table = symbol_table.table, None
     imported.symbols = {str(sym): marker for sym, marker in table.items()}
     return imported
 
 
-def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
+def _import(gm: torch.fx.GraphModule, replacements: bool, keep_packed: frozenset) -> Imported:
     imp = Importer(gm, replacements)
+    imp.keep_packed = set(keep_packed)
     inputs, meta, outputs, out_meta = [], [], [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -66,7 +71,7 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
                 inputs.append(None)
                 meta.append(("size", (), ()))
                 continue
-            inputs.append(imp.env[node.name])
+            inputs.append(imp.input_nodes[node.name])
             meta.append(
                 (
                     DTYPES[val.dtype],
@@ -101,6 +106,7 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
     if not imp.g.outputs:
         raise UnsupportedError("the graph returns no tensor")
     sized = list(imp.size_values)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return Imported(
         imp.g,
         [*sized, *inputs],
@@ -112,4 +118,5 @@ def _import(gm: torch.fx.GraphModule, replacements: bool) -> Imported:
         imp.custom_nodes,
         replaced=imp.replaced,
         size_values=list(imp.size_values.items()),
+        input_perms=[*(None for _ in sized), *(imp.input_perms.get(n) for n in placeholders)],
     )

@@ -71,6 +71,8 @@ class InputSpec:
     dtype: torch.dtype | None  # None: a size input
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None = None  # eager's (outputs); None where not known
+    # an input read through this permutation (its packed order, decision 0130), or None
+    perm: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -324,6 +326,8 @@ class Recipe:
                 f"got {t.dtype}{list(t.shape)}"
             )
         want = self.device if self.io_on_device else torch.device("cpu")
+        if spec.perm is not None:  # the program reads the packed tensor this permutes
+            t = t.permute(spec.perm)
         if t.device == want and t.is_contiguous():  # packed (size-1 axes' strides unused)
             return t
         return self._copy(t, want, stats)

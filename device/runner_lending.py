@@ -76,7 +76,11 @@ class Lending:
         results = list(outs)
         lent = set()
         for k, (i, shape, stride, rel) in views.items():
-            if given is not None and prepared[i] is given[i]:
+            # the caller's own tensor, or a permutation of it (InputSpec.perm): not a copy
+            if given is not None and (
+                prepared[i] is given[i]
+                or prepared[i].untyped_storage()._cdata == given[i].untyped_storage()._cdata
+            ):
                 base = prepared[i]
                 results[k] = base.as_strided(shape, stride, base.storage_offset() + rel)
                 lent.add(k)

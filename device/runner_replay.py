@@ -32,14 +32,14 @@ class Replay:
             # outputs of earlier calls still held move first (an input may be one)
             self._reclaim()
             dev = self.device
-            for t, (ptr, dtype, shape) in zip(args, want, strict=True):
+            for t, (ptr, dtype, shape, perm) in zip(args, want, strict=True):
                 if not (
                     isinstance(t, torch.Tensor)
                     and t.data_ptr() == ptr
                     and t.dtype is dtype
                     and t.shape == shape
                     and t.device == dev
-                    and t.is_contiguous()
+                    and (t.is_contiguous() if perm is None else t.permute(perm).is_contiguous())
                 ):
                     return None
             self.calls += 1
@@ -95,7 +95,8 @@ class Replay:
             return launch(graph, self.stream)
 
     def _fast_check(self, ptrs: tuple) -> list[tuple] | None:
-        """(address, dtype, shape) of each input for ``replay_fast``: only where every input
+        """(address, dtype, shape, read order) of each input for ``replay_fast`` (the
+        permutation an input is read through, ``InputSpec.perm``): only where every input
         is a tensor read in place on the device (no size inputs, none staged, outputs
         handed out on the device)."""
         if not self.r.io_on_device or self.staged or any(p is None for p in ptrs):
@@ -104,7 +105,7 @@ class Replay:
             return None
         self._exec_handle = _handle_of(self.exec_)
         return [
-            (p, spec.dtype, torch.Size(spec.shape))
+            (p, spec.dtype, torch.Size(spec.shape), spec.perm)
             for p, spec in zip(ptrs, self.r.inputs, strict=True)
         ]
 

@@ -194,7 +194,8 @@ class SymbolicRecipe:
             if s is None or s.dtype is None:
                 return s
             strides = None if s.strides is None else tuple(substitute(d, sizes) for d in s.strides)
-            return InputSpec(s.dtype, tuple(substitute(d, sizes) for d in s.shape), strides)
+            shape = tuple(substitute(d, sizes) for d in s.shape)
+            return InputSpec(s.dtype, shape, strides, s.perm)
 
         r = Recipe(
             program=instantiate(t.program, sizes),

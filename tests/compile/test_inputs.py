@@ -3,7 +3,11 @@ input where a packed one was compiled, a view as an output, a constant first ope
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+from saturn import backend
 
 from .helpers import DEV, compile_and_compare, last_compiled
 
@@ -130,3 +134,83 @@ def test_alias_full_and_scalar_tensor_are_imported_not_opaque():
     torch.testing.assert_close(got.cpu(), f(x), rtol=1e-6, atol=1e-6)
     prog = next(reversed(backend.CACHE.items.values())).compiled.program
     assert prog.count("host") == 0, prog.to_text()
+
+
+def _counting_copies(monkeypatch) -> list:
+    """The shapes ``Recipe._copy`` packs from now on (a call's strided inputs)."""
+    from saturn.recipe import Recipe
+
+    copies, real = [], Recipe._copy
+
+    def spy(t, want, stats):
+        copies.append(tuple(t.shape))
+        return real(t, want, stats)
+
+    monkeypatch.setattr(Recipe, "_copy", staticmethod(spy))
+    return copies
+
+
+def test_a_transposed_input_is_read_through_its_permutation(monkeypatch):
+    """Decision 0130: an input traced as a permutation of a packed tensor (a saved
+    transposed weight) is declared packed and permuted back in the graph, and read in
+    place at every call; a packed tensor of the same shape handed to that recipe later
+    is copied into the packed order, and still gives eager's result."""
+    copies = _counting_copies(monkeypatch)
+    x, w = torch.randn(3, 6), torch.randn(5, 6)
+    compile_and_compare(lambda x, wt: (x @ wt, wt.t() * 2), x, w.t())
+    cg = last_compiled()
+    assert [s.perm for s in cg.recipe.inputs] == [None, (1, 0)]
+    assert copies == []
+    ops = cg.imported.graph.nodes.values()
+    assert [n.shape for n in ops if n.op == "Input"] == [(3, 6), (5, 6)]
+    packed = w.t().contiguous().to(DEV)
+    with torch.no_grad():
+        got = cg.recipe([x.to(DEV), packed])
+    assert copies == [(5, 6)]
+    torch.testing.assert_close(got[0].cpu(), x @ w.t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1].cpu(), w * 2)
+
+
+def test_a_strided_slice_or_a_written_input_stays_packed(monkeypatch):
+    """What ``read_order`` declines: a slice (no permutation packs it), an input the graph
+    writes (its writes go through the packed path, decision 0127), and a packed input."""
+    from saturn.import_core import read_order
+
+    x = torch.randn(4, 6)
+    assert read_order(x) is None and read_order(x[:, :3]) is None
+    assert read_order(x.t()) == (1, 0)
+    assert read_order(torch.randn(2, 3, 4).permute(2, 0, 1)) == (1, 2, 0)
+    assert read_order(torch.randn(2, 1, 4).transpose(0, 2)) is not None
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: t.mul_(2).sum(), backend="saturn", dynamic=False)
+    xt = torch.randn(6, 4).t()  # a transposed leaf
+    want = (xt * 2).sum()
+    dev = xt.to(DEV)
+    assert not dev.is_contiguous()
+    with torch.no_grad():
+        got = fn(dev)
+    assert [s.perm for s in last_compiled().recipe.inputs] == [None]
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(dev.cpu(), xt * 2)
+
+
+def test_a_training_step_copies_no_saved_transposed_weight(monkeypatch):
+    """The backward graph of linear layers takes each transposed weight the forward saved:
+    read in place, no packed copy at any call after the first (decision 0130)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    ref = copy.deepcopy(model)
+    dev = model.to(DEV)
+    x = torch.randn(5, 6)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: dev(x).square().sum(), backend="saturn", dynamic=False)
+    step(x.to(DEV)).backward()
+    dev.zero_grad()
+    copies = _counting_copies(monkeypatch)
+    step(x.to(DEV)).backward()
+    assert copies == []
+    ref(x).square().sum().backward()
+    for p, q in zip(dev.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+    perms = [s.perm for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
+    assert (1, 0) in perms
