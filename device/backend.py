@@ -240,8 +240,8 @@ def compile_fx(
         device=device,
         io_on_device=io_on_device,
         inputs=[
-            InputSpec(None if d == "size" else TORCH_DTYPES[d], s, perm=perm)
-            for (d, s, _), perm in zip(imported.input_meta, imported.input_perms, strict=True)
+            InputSpec(None if d == "size" else TORCH_DTYPES[d], s, window=w)
+            for (d, s, _), w in zip(imported.input_meta, imported.input_windows, strict=True)
         ],
         output_spec=spec,
         output_types=[

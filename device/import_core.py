@@ -22,6 +22,7 @@ from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import Graph, Node, float_bits
 
 from .dtypes import DTYPES, TORCH_DTYPES, HostCall
+from .input_windows import Window, window_of
 
 
 class UnsupportedError(Exception):
@@ -44,19 +45,6 @@ def handles(table: dict[str, Handler]) -> None:
 SIZE = "<size>"  # the env entry of an FX node that computes a size (kept on the host)
 
 
-def read_order(val) -> tuple[int, ...] | None:
-    """The permutation ``p`` that makes a non-contiguous tensor ``val`` packed
-    (``val.permute(p)`` contiguous), or None where ``val`` is packed already, is not a
-    permutation of a packed tensor, or has symbolic sizes (decision 0130)."""
-    if not isinstance(val, torch.Tensor) or val.is_contiguous() or val.numel() == 0:
-        return None
-    if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
-        return None
-    # outer axes first; a size-1 axis's stride is unused, so it keeps its place
-    perm = tuple(sorted(range(val.dim()), key=lambda a: (-val.stride(a), a)))
-    return perm if val.permute(perm).is_contiguous() else None
-
-
 @dataclass
 class Imported:
     graph: Graph
@@ -71,8 +59,8 @@ class Imported:
     # a node a custom op replaces -> the op-table node it stands in for (not in the graph)
     replaced: dict[str, Node] = field(default_factory=dict)
     symbols: dict[str, int] = field(default_factory=dict)  # symbolic size -> its marker
-    # per placeholder: the permutation a call's tensor is read through (read_order), or None
-    input_perms: list[tuple[int, ...] | None] = field(default_factory=list)
+    # per placeholder: the window a call's tensor is read through (input_windows), or None
+    input_windows: list[Window | None] = field(default_factory=list)
     # sizes used as values: a leading int64 0-d input each (in ``inputs``), made per call
     # from its expression over the symbols (saturn.symbolic)
     size_values: list[tuple[str, object]] = field(default_factory=list)
@@ -170,7 +158,7 @@ class Importer:
         # placeholders that must be read packed as they are (inputs the recipe writes)
         self.keep_packed: set[str] = set()
         self.input_nodes: dict[str, str] = {}  # placeholder -> its Input node
-        self.input_perms: dict[str, tuple[int, ...]] = {}  # placeholder -> read_order
+        self.input_windows: dict[str, Window] = {}  # placeholder -> its window
 
     def fresh(self, stem: str) -> str:
         self.count += 1
@@ -290,21 +278,33 @@ class Importer:
             self.env[node.name] = SIZE
             return
         dtype, shape = tensor_type(node)
-        perm = None if node.name in self.keep_packed else read_order(val)
-        if perm is None:
+        window = None if node.name in self.keep_packed else window_of(val)
+        if window is None:
             self.env[node.name] = self.input_nodes[node.name] = self.add(
                 Node(node.name, "Input", (), (node.name,), dtype, shape), node.name
             )
             return
-        # a permutation of a packed tensor (a saved transposed weight): the program reads
-        # the packed tensor and permutes it back, a view, instead of a copy at every call
-        packed = tuple(shape[p] for p in perm)
-        base = self.add(Node(node.name, "Input", (), (node.name,), dtype, packed), node.name)
-        back = tuple(perm.index(i) for i in range(len(perm)))
-        self.env[node.name] = self.add(
-            Node(self.fresh(node.name), "Permute", (base,), (back,), dtype, shape), node.name
-        )
-        self.input_nodes[node.name], self.input_perms[node.name] = base, perm
+        # a window of a packed region (a saved transposed weight, attention's heads): the
+        # program reads the region and views the window, instead of a copy at every call
+        base = self.add(Node(node.name, "Input", (), (node.name,), dtype, window.region), node.name)
+        self.input_nodes[node.name], self.input_windows[node.name] = base, window
+        x, now = base, list(window.region)
+        for axis, index in window.gaps:
+            now[axis] = 1
+            x = self._view_node(node, "Slice", x, (axis, index, index + 1, 1), dtype, now)
+        if window.gaps:
+            now = [n for j, n in enumerate(window.region) if j not in dict(window.gaps)]
+            x = self._view_node(node, "View", x, (tuple(now),), dtype, now)
+        if window.order != tuple(range(len(window.order))):
+            now = [now[p] for p in window.order]
+            x = self._view_node(node, "Permute", x, (window.order,), dtype, now)
+        if tuple(now) != tuple(shape):
+            x = self._view_node(node, "View", x, (tuple(shape),), dtype, shape)
+        self.env[node.name] = x
+
+    def _view_node(self, node, op: str, x: str, attrs: tuple, dtype: str, shape) -> str:
+        view = Node(self.fresh(node.name), op, (x,), attrs, dtype, tuple(shape))
+        return self.add(view, node.name)
 
     def call(self, node: torch.fx.Node) -> None:
         target = node.target

@@ -49,7 +49,7 @@ def import_graph(
     """``replacements``: let custom ops that replace ATen ops take their nodes (on GPU
     targets, where their kernels run). ``keep_packed``: placeholders read only packed (the
     inputs a recipe writes); any other that is a permuted packed tensor is read through
-    its permutation (``read_order``)."""
+    its window (``input_windows``)."""
     symbol_table.table = {}
     try:
         imported = _import(gm, replacements, keep_packed)
@@ -118,5 +118,8 @@ def _import(gm: torch.fx.GraphModule, replacements: bool, keep_packed: frozenset
         imp.custom_nodes,
         replaced=imp.replaced,
         size_values=list(imp.size_values.items()),
-        input_perms=[*(None for _ in sized), *(imp.input_perms.get(n) for n in placeholders)],
+        input_windows=[
+            *(None for _ in sized),
+            *(imp.input_windows.get(n) for n in placeholders),
+        ],
     )

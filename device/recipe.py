@@ -27,6 +27,7 @@ from saturn.eqsat.program import Program, Step, StepKind
 from .dtypes import DTYPES, TORCH_DTYPES, HostCall
 from .eager_kernels import byte_span
 from .host_ops import run_host
+from .input_windows import Window
 from .profiling import step_range
 from .steps import check_operands, const_tensor
 
@@ -71,8 +72,8 @@ class InputSpec:
     dtype: torch.dtype | None  # None: a size input
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None = None  # eager's (outputs); None where not known
-    # an input read through this permutation (its packed order, decision 0130), or None
-    perm: tuple[int, ...] | None = None
+    # an input read as a window of a packed region (decision 0130), or None
+    window: Window | None = None
 
 
 @dataclass
@@ -326,8 +327,12 @@ class Recipe:
                 f"got {t.dtype}{list(t.shape)}"
             )
         want = self.device if self.io_on_device else torch.device("cpu")
-        if spec.perm is not None:  # the program reads the packed tensor this permutes
-            t = t.permute(spec.perm)
+        if spec.window is not None:  # the program reads the region around the window
+            region = spec.window.read(t) if t.device == want else None
+            if region is not None:
+                return region
+            stats.crossings += t.device != want
+            return spec.window.packed(t, want)
         if t.device == want and t.is_contiguous():  # packed (size-1 axes' strides unused)
             return t
         return self._copy(t, want, stats)

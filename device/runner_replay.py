@@ -32,14 +32,17 @@ class Replay:
             # outputs of earlier calls still held move first (an input may be one)
             self._reclaim()
             dev = self.device
-            for t, (ptr, dtype, shape, perm) in zip(args, want, strict=True):
+            for t, (ptr, dtype, shape, w) in zip(args, want, strict=True):
                 if not (
                     isinstance(t, torch.Tensor)
-                    and t.data_ptr() == ptr
                     and t.dtype is dtype
                     and t.shape == shape
                     and t.device == dev
-                    and (t.is_contiguous() if perm is None else t.permute(perm).is_contiguous())
+                    and (
+                        t.data_ptr() == ptr and t.is_contiguous()
+                        if w is None
+                        else t.data_ptr() - w.rel * t.element_size() == ptr and w.fits(t)
+                    )
                 ):
                     return None
             self.calls += 1
@@ -95,17 +98,21 @@ class Replay:
             return launch(graph, self.stream)
 
     def _fast_check(self, ptrs: tuple) -> list[tuple] | None:
-        """(address, dtype, shape, read order) of each input for ``replay_fast`` (the
-        permutation an input is read through, ``InputSpec.perm``): only where every input
-        is a tensor read in place on the device (no size inputs, none staged, outputs
-        handed out on the device)."""
+        """(address, dtype, shape, window) of each input for ``replay_fast`` (the region an
+        input is read through, ``InputSpec.window``): only where every input is a tensor
+        read in place on the device (no size inputs, none staged, outputs handed out on
+        the device, none a view of an input read through a window, whose view the hand-out
+        would take from the caller's tensor instead of the region)."""
         if not self.r.io_on_device or self.staged or any(p is None for p in ptrs):
             return None
         if any(spec.dtype is None for spec in self.r.inputs):
             return None
+        _, views = self._captured_plan
+        if any(self.r.inputs[i].window is not None for i, *_ in views.values()):
+            return None
         self._exec_handle = _handle_of(self.exec_)
         return [
-            (p, spec.dtype, torch.Size(spec.shape), spec.perm)
+            (p, spec.dtype, torch.Size(spec.shape), spec.window)
             for p, spec in zip(ptrs, self.r.inputs, strict=True)
         ]
 

@@ -195,7 +195,7 @@ class SymbolicRecipe:
                 return s
             strides = None if s.strides is None else tuple(substitute(d, sizes) for d in s.strides)
             shape = tuple(substitute(d, sizes) for d in s.shape)
-            return InputSpec(s.dtype, shape, strides, s.perm)
+            return InputSpec(s.dtype, shape, strides, s.window)
 
         r = Recipe(
             program=instantiate(t.program, sizes),

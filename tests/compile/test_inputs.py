@@ -159,37 +159,64 @@ def test_a_transposed_input_is_read_through_its_permutation(monkeypatch):
     x, w = torch.randn(3, 6), torch.randn(5, 6)
     compile_and_compare(lambda x, wt: (x @ wt, wt.t() * 2), x, w.t())
     cg = last_compiled()
-    assert [s.perm for s in cg.recipe.inputs] == [None, (1, 0)]
+    window = cg.recipe.inputs[1].window
+    assert cg.recipe.inputs[0].window is None
+    assert (window.region, window.gaps, window.order) == ((5, 6), (), (1, 0))
     assert copies == []
     ops = cg.imported.graph.nodes.values()
     assert [n.shape for n in ops if n.op == "Input"] == [(3, 6), (5, 6)]
-    packed = w.t().contiguous().to(DEV)
     with torch.no_grad():
-        got = cg.recipe([x.to(DEV), packed])
-    assert copies == [(5, 6)]
+        got = cg.recipe([x.to(DEV), w.t().contiguous().to(DEV)])
     torch.testing.assert_close(got[0].cpu(), x @ w.t(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1].cpu(), w * 2)
 
 
-def test_a_strided_slice_or_a_written_input_stays_packed(monkeypatch):
-    """What ``read_order`` declines: a slice (no permutation packs it), an input the graph
-    writes (its writes go through the packed path, decision 0127), and a packed input."""
-    from saturn.import_core import read_order
+def test_a_slice_is_read_in_its_region_or_copied_where_the_region_leaves_storage(monkeypatch):
+    """A slice of a larger tensor (attention's k out of a fused projection, strides
+    (15, 1) at offset 5) is read as a window of its region [4, 3, 5] with a gap axis at
+    index 1; a tensor of the same layout whose storage ends before the region would
+    gets a packed region of its own instead, with the same result."""
+    copies = _counting_copies(monkeypatch)
+    base = torch.randn(4, 3, 5)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda k: k * 2 + 1, backend="saturn", dynamic=False)
+    with torch.no_grad():
+        k = base.to(DEV)[:, 1]  # moved first: a slice moves as a packed copy
+        fn(k)
+        got = fn(k)
+    torch.testing.assert_close(got.cpu(), base[:, 1] * 2 + 1)
+    cg = last_compiled()
+    window = cg.recipe.inputs[0].window
+    assert (window.region, window.gaps, window.rel) == ((4, 3, 5), ((1, 1),), 5)
+    assert copies == []
+    want = torch.randn(4, 5)
+    short = torch.empty_strided((4, 5), (15, 1), device=DEV).copy_(want)  # storage: 50
+    assert short.stride() == window.strides and not window.fits(short)
+    with torch.no_grad():
+        got = cg.recipe([short])
+    torch.testing.assert_close(got[0].cpu(), want * 2 + 1)
+
+
+def test_windows_declined(monkeypatch):
+    """What ``window_of`` declines: a packed tensor, an expanded one (stride 0 over more
+    than one element), a region that would leave the storage, and an input the graph
+    writes (its writes go through the packed path, decision 0127)."""
+    from saturn.input_windows import window_of
 
     x = torch.randn(4, 6)
-    assert read_order(x) is None and read_order(x[:, :3]) is None
-    assert read_order(x.t()) == (1, 0)
-    assert read_order(torch.randn(2, 3, 4).permute(2, 0, 1)) == (1, 2, 0)
-    assert read_order(torch.randn(2, 1, 4).transpose(0, 2)) is not None
+    assert window_of(x) is None and window_of(torch.randn(4, 1).expand(4, 6)) is None
+    assert window_of(torch.randn(9)[::2]) is None  # the region [5, 2] needs 10 elements
+    assert window_of(torch.randn(10)[1::2]).region == (5, 2)
+    assert window_of(torch.randn(2, 3, 4).permute(2, 0, 1)).order == (2, 0, 1)
     torch._dynamo.reset()
     fn = torch.compile(lambda t: t.mul_(2).sum(), backend="saturn", dynamic=False)
-    xt = torch.randn(6, 4).t()  # a transposed leaf
+    xt = torch.randn(6, 4).t()
     want = (xt * 2).sum()
     dev = xt.to(DEV)
     assert not dev.is_contiguous()
     with torch.no_grad():
         got = fn(dev)
-    assert [s.perm for s in last_compiled().recipe.inputs] == [None]
+    assert [s.window for s in last_compiled().recipe.inputs] == [None]
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(dev.cpu(), xt * 2)
 
@@ -212,5 +239,5 @@ def test_a_training_step_copies_no_saved_transposed_weight(monkeypatch):
     ref(x).square().sum().backward()
     for p, q in zip(dev.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
-    perms = [s.perm for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
-    assert (1, 0) in perms
+    windows = [s.window for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
+    assert any(w is not None and w.order == (1, 0) for w in windows)
