@@ -647,9 +647,9 @@ def main() -> None:
         "--attention-grad",
         default="math",
         choices=["math", "fused"],
-        help="attention with a gradient on a GPU: aten's math (saturn's default until the "
-        "fused gradient kernels have passed their GPU tests) or the fused kernels (decision "
-        "0128); rows other than the default state it",
+        help="attention with a gradient on a GPU: aten's math (saturn's default: training "
+        "rows were slower with the fused kernels) or the fused kernels (decision 0128); "
+        "rows other than the default state it",
     )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)

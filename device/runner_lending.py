@@ -76,7 +76,7 @@ class Lending:
         results = list(outs)
         lent = set()
         for k, (i, shape, stride, rel) in views.items():
-            # the caller's own tensor, or a permutation of it (InputSpec.perm): not a copy
+            # the caller's own tensor, or its region (InputSpec.window): not a copy
             if given is not None and (
                 prepared[i] is given[i]
                 or prepared[i].untyped_storage()._cdata == given[i].untyped_storage()._cdata

@@ -40,9 +40,9 @@ from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_devic
 aten = torch.ops.aten
 
 # Whether attention with a gradient runs the fused kernels (``set_kernels``). Off: aten's
-# math, forward and backward, as before decision 0128; the default until the kernels have
-# passed their GPU tests (tests/device/test_sdpa_grad_gpu.py turns it on; so does
-# bench/zoo.py --attention-grad fused)
+# math, forward and backward, as before decision 0128. The kernels pass their GPU tests
+# (which turn them on, as bench/zoo.py --attention-grad fused does), but training rows
+# were slower with them until decision 0130; off until those rows are measured again
 KERNELS = False
 _PLANS: dict[tuple, tuple | str] = {}  # gradient plans and workspaces (cached_plan)
 

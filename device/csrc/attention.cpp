@@ -18,8 +18,8 @@ namespace {
 
 bool half_type(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-// whether a gradient takes the fused op (device/sdpa_grad.py's switch, set_kernels; off
-// until its kernels have passed their GPU tests: decision 0128)
+// whether a gradient takes the fused op (device/sdpa_grad.py's switch, set_kernels; off:
+// decision 0128's training rows were slower with it)
 std::atomic<bool> fused_grad{false};
 
 int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

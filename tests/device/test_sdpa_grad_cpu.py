@@ -178,7 +178,7 @@ def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(
 
 
 def test_the_switch_keeps_the_math_and_is_off_by_default(monkeypatch):
-    """Until the kernels have passed their GPU tests the switch is off (decision 0128):
+    """The switch is off by default (decision 0128: training rows were slower with it):
     no kernel even where one would take the operands; ``set_kernels(True)``
     (``zoo.py --attention-grad fused``) turns it on, the device's choice included."""
     monkeypatch.setattr(sdpa_grad, "on_fused_device", lambda *ts: True)
