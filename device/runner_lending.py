@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from saturn.eqsat.program import StepKind
+
 from .eager_kernels import byte_span
 from .eager_kernels import cuda_driver as _driver
 
@@ -15,7 +17,7 @@ class Lending:
     # program outputs only the recipe's input writes read: never handed out (gpu_runner)
     write_only: frozenset[int] | set[int] = frozenset()
 
-    def _groups(self, outs: list) -> list[tuple[int, int, list[tuple]]]:
+    def _groups(self, outs: list, bases: list | None = None) -> list[tuple[int, int, list[tuple]]]:
         """Outputs in the runner's memory as (address, bytes, members): one storage per
         group of outputs whose bytes overlap (views of one value share it, as in eager), each
         member (position, dtype, element offset, shape, strides). Other outputs are in no
@@ -25,15 +27,15 @@ class Lending:
             if i in self.write_only:  # read by the recipe's writes, never handed out
                 continue
             if isinstance(t, torch.Tensor) and t.numel() and self._in_owned(t):
-                spans.append((*byte_span(t), i, t))
+                spans.append((*_lent_span(t, bases[i] if bases else None), i, t))
         spans.sort(key=lambda sp: sp[0])
         groups: list[list] = []
         for start, end, i, t in spans:
             if groups and start < groups[-1][1]:
                 groups[-1][1] = max(groups[-1][1], end)
-                groups[-1][2].append((start, i, t))
+                groups[-1][2].append((t.data_ptr(), i, t))
             else:
-                groups.append([start, end, [(start, i, t)]])
+                groups.append([start, end, [(t.data_ptr(), i, t)]])
         out = []
         for start, end, members in groups:
             if any((ptr - start) % t.element_size() for ptr, _, t in members):
@@ -65,7 +67,24 @@ class Lending:
             ):
                 rel = t.storage_offset() - base.storage_offset()
                 views[k] = (self.r._position[value], t.shape, t.stride(), rel)
-        return self._groups(outs), views
+        return self._groups(outs, self._bases(outs)), views
+
+    def _bases(self, outs: list) -> list:
+        """Per output that is a view not packed, the buffer of the kernel output it views
+        (following the program's view steps), else None."""
+        roots = self.__dict__.get("_view_roots")
+        if roots is None:
+            roots = {}
+            for s in self.r.program.steps:
+                if s.kind == StepKind.VIEW:
+                    roots[s.output] = roots.get(s.args[0], s.args[0])
+            self._view_roots = roots
+        return [
+            self.buffers.get(roots.get(v, v))
+            if isinstance(t, torch.Tensor) and not t.is_contiguous()
+            else None
+            for v, t in zip(self.r.program.outputs, outs, strict=True)
+        ]
 
     def _hand_out(self, outs: list, plan: tuple, prepared: list, given: list | None) -> list:
         """The call's results: outputs in the runner's memory as tensors over storages of
@@ -164,3 +183,18 @@ class Lending:
 
     def _in_owned(self, t: torch.Tensor) -> bool:
         return t.device == self.device and t.untyped_storage()._cdata in self._owned
+
+
+def _lent_span(t: torch.Tensor, base: torch.Tensor | None) -> tuple[int, int]:
+    """The bytes an output's lent storage covers: its own, or, for a view that is not
+    packed (a slice, heads out of a fused projection), those of the buffer it views, as
+    eager's view keeps its base's storage. A graph that takes the output (a backward its
+    saved tensor) then finds the window's region inside the storage and reads it in place
+    (decision 0130) instead of copying it at every call."""
+    lo, hi = byte_span(t)
+    if base is None or t.is_contiguous() or not base.numel():
+        return lo, hi
+    b_lo, b_hi = byte_span(base)
+    if base.untyped_storage()._cdata != t.untyped_storage()._cdata or not b_lo <= lo < hi <= b_hi:
+        return lo, hi
+    return b_lo, b_hi

@@ -241,3 +241,55 @@ def test_a_training_step_copies_no_saved_transposed_weight(monkeypatch):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
     windows = [s.window for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
     assert any(w is not None and w.order == (1, 0) for w in windows)
+
+
+class _Heads(torch.nn.Module):
+    """A fused projection split into heads, attention written out, an output projection
+    and a head on the first token (a class token): the backward takes the transposed
+    weights and the first token's row, windows of the forward's values."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        a = torch.softmax(q @ k.transpose(-2, -1) * 0.35, -1) @ v
+        h = self.proj(a.transpose(1, 2).reshape(b, s, 16)).relu()
+        return self.head(h[:, 0])
+
+
+def test_a_training_step_reads_its_saved_windows_in_place(dev, monkeypatch):
+    """Decision 0130 on both devices: after the first steps, no saved tensor is copied
+    at a call (neither packed by the recipe nor given a region of its own), the gradients
+    are eager's, and on a GPU every graph's calls take the one-pass replay."""
+    from saturn.input_windows import Window
+
+    torch.manual_seed(0)
+    model = _Heads()
+    ref = copy.deepcopy(model)
+    x = torch.randn(3, 5, 16)
+    model.to(dev)
+    xd = x.to(dev)
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    step = torch.compile(lambda x: model(x).square().sum(), backend="saturn", dynamic=False)
+    for _ in range(3):
+        model.zero_grad()
+        step(xd).backward()
+    runners = [cg.recipe.runner for cg in backend.CACHE.items.values() if cg.recipe.runner]
+    fast = [r.fast_replays for r in runners]
+    copies, real = _counting_copies(monkeypatch), Window.packed
+    monkeypatch.setattr(Window, "packed", lambda w, t, d: copies.append(w.shape) or real(w, t, d))
+    for _ in range(2):
+        model.zero_grad()
+        step(xd).backward()
+    assert copies == []
+    assert [r.fast_replays for r in runners] == [n + 2 for n in fast]
+    ref(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
+    windows = [s.window for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
+    assert any(w is not None and w.gaps for w in windows)

@@ -47,7 +47,8 @@ def host_runner(nbytes: int = 4096, out_inputs=None, positions=None) -> gr.GpuRu
     r.arena = torch.zeros(nbytes, dtype=torch.uint8, device=DEV)
     r._owned, r.lent, r.copied_out = {}, [], 0
     r.out_inputs = out_inputs or {}
-    r.r = SimpleNamespace(_position=positions or {})
+    r.buffers = {}
+    r.r = SimpleNamespace(_position=positions or {}, program=SimpleNamespace(steps=[], outputs=[]))
     r.lock = threading.RLock()
     r._own(r.arena)
     gr._RUNNERS.add(r)
@@ -65,6 +66,8 @@ def in_arena(r: gr.GpuRunner, t: torch.Tensor) -> bool:
 
 
 def hand_out(r: gr.GpuRunner, outs: list, env=None, prepared=None, given=None) -> list:
+    if len(r.r.program.outputs) != len(outs):
+        r.r.program.outputs = [f"out{i}" for i in range(len(outs))]
     return r._hand_out(outs, r._out_plan(outs, env or {}), prepared or [], given)
 
 
@@ -157,3 +160,29 @@ def test_a_freed_runner_takes_back_what_it_lent(driver):
     assert driver.copies == 1
     torch.zeros(4096, dtype=torch.uint8, device=DEV).fill_(7)  # memory reused
     assert torch.equal(y.cpu(), torch.arange(6.0))
+
+
+def test_a_view_not_packed_is_lent_with_its_buffer_as_its_storage(driver):
+    """A slice of a buffer (attention's k out of a fused projection) is lent over the
+    whole buffer it views, found through the program's view steps, as eager's view keeps
+    its base's storage: the window a later graph reads it through (decision 0130) then
+    fits in place. A packed output keeps a storage of its own bytes."""
+    from saturn.eqsat.program import StepKind
+    from saturn.input_windows import window_of
+
+    r = host_runner()
+    qkv = slot(r, 256, (2, 5, 3, 4))  # [B, S, 3, D] at an offset that is no multiple of 3*D
+    qkv.copy_(torch.randn(2, 5, 3, 4))
+    r.buffers = {"qkv": qkv}
+    view = SimpleNamespace(kind=StepKind.VIEW, output="k", args=["qkv"])
+    r.r.program = SimpleNamespace(steps=[view], outputs=["k", "own"])
+    k = qkv[:, :, 1]
+    own = slot(r, 2048, (4,))
+    lent_k, lent_own = hand_out(r, [k, own])
+    assert lent_k.untyped_storage().nbytes() == qkv.numel() * 4
+    assert lent_k.storage_offset() == 4 and torch.equal(lent_k.cpu(), k.cpu())
+    assert lent_own.untyped_storage().nbytes() == 16
+    window = window_of(torch.randn(2, 5, 3, 4)[:, :, 1])  # as eager's trace saw k
+    assert window.fits(lent_k)
+    region = window.read(lent_k)
+    assert torch.equal(region.cpu(), qkv.cpu())
