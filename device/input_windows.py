@@ -70,18 +70,9 @@ def window_of(val) -> Window | None:
     shape, strides = tuple(val.shape), tuple(val.stride())
     if not all(type(s) is int for s in (*shape, *strides)):
         return None
-    real = sorted((a for a in range(val.dim()) if shape[a] > 1), key=lambda a: (strides[a], a))
-    dims: list[tuple[int, int | None]] = []  # (extent, input axis or None for a gap), inner first
-    step = 1
-    for a in real:
-        if strides[a] < step or strides[a] % step:
-            return None
-        if strides[a] > step:
-            dims.append((strides[a] // step, None))
-            step = strides[a]
-        dims.append((shape[a], a))
-        step *= shape[a]
-    dims.reverse()  # outer first
+    dims = _region_dims(shape, strides)
+    if dims is None:
+        return None
     region = tuple(n for n, _ in dims)
     region_strides = []
     acc = 1
@@ -108,3 +99,27 @@ def window_of(val) -> Window | None:
     axes = [a for _, a in dims if a is not None]
     order = tuple(axes.index(a) for a in sorted(axes))
     return Window(region, tuple(gaps), order, shape, strides, rel, tuple(region_strides))
+
+
+def _region_dims(shape, strides) -> list[tuple[int, int | None]] | None:
+    """The packed region around a layout, outer axis first: (extent, the layout's axis or
+    None for a gap); None where the layout overlaps itself or is not nested."""
+    real = sorted((a for a in range(len(shape)) if shape[a] > 1), key=lambda a: (strides[a], a))
+    dims: list[tuple[int, int | None]] = []  # inner first
+    step = 1
+    for a in real:
+        if strides[a] < step or strides[a] % step:
+            return None
+        if strides[a] > step:
+            dims.append((strides[a] // step, None))
+            step = strides[a]
+        dims.append((shape[a], a))
+        step *= shape[a]
+    return dims[::-1]
+
+
+def region_numel(shape, strides) -> int | None:
+    """Elements of the packed region around a layout (``window_of``'s, offset 0), or
+    None where there is none."""
+    dims = _region_dims(tuple(shape), tuple(strides))
+    return None if dims is None else math.prod(n for n, _ in dims)

@@ -4,10 +4,12 @@ input where a packed one was compiled, a view as an output, a constant first ope
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import torch
 
 from saturn import backend
+from saturn.recipe import CallStats, InputSpec, Recipe
 
 from .helpers import DEV, compile_and_compare, last_compiled
 
@@ -293,3 +295,18 @@ def test_a_training_step_reads_its_saved_windows_in_place(dev, monkeypatch):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
     windows = [s.window for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
     assert any(w is not None and w.gaps for w in windows)
+
+
+def test_an_output_given_eagers_strides_has_the_region_around_them():
+    """An output re-laid out with eager's strides (a row of a sequence, strides (S*D, 1))
+    gets the packed region around them as its storage, as eager's view has its base's:
+    a graph that takes it reads the window in place (decision 0130)."""
+    from saturn.input_windows import region_numel, window_of
+
+    assert region_numel((2, 192), (3264, 1)) == 2 * 17 * 192
+    assert region_numel((4, 6), (1, 4)) == 24 and region_numel((4, 6), (0, 1)) is None
+    recipe = SimpleNamespace(output_types=[InputSpec(torch.float32, (2, 192), (3264, 1))])
+    t = torch.randn(2, 192)
+    out = Recipe._fresh(recipe, t, 0, CallStats())
+    assert out.stride() == (3264, 1) and torch.equal(out, t)
+    assert window_of(torch.randn(2, 17, 192)[:, 0]).fits(out)
