@@ -49,10 +49,12 @@ def test_zoo_model_on_saturn0(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["resnet18", "DistilBertModel", "MistralModel"])
-def test_zoo_training_step_on_saturn0(name):
+def test_zoo_training_step_on_saturn0(name, monkeypatch):
     """One step (forward, backward, SGD) compiled on saturn:0 against the same step in eager
     on the CPU: the updated parameters agree within 1e-4. Eval mode (no dropout, batch
-    norm's running statistics), gradients on."""
+    norm's running statistics), gradients on. A second step copies no input: the saved
+    tensors the backward takes (transposed weights, permuted activations) are read in
+    place (decision 0130)."""
     import copy
 
     torch.manual_seed(0)
@@ -81,6 +83,16 @@ def test_zoo_training_step_on_saturn0(name):
     if name == "resnet18":  # its pools and convolutions' backward are kernels (0087, 0088)
         forward, backward = (g.compiled.program for g in list(backend.CACHE.items.values())[-2:])
         assert forward.count("host") == 0 and backward.count("host") == 0, backward.to_text()
+    from saturn.input_windows import Window
+    from saturn.recipe import Recipe
+
+    copies, copy_in, packed = [], Recipe._copy, Window.packed
+    monkeypatch.setattr(
+        Recipe, "_copy", staticmethod(lambda t, w, s: copies.append(t.shape) or copy_in(t, w, s))
+    )
+    monkeypatch.setattr(Window, "packed", lambda w, t, d: copies.append(t.shape) or packed(w, t, d))
+    step(compiled, [x.to("saturn:0") for x in inputs])
+    assert copies == [], copies
     torch._dynamo.reset()
 
 
