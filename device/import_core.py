@@ -293,7 +293,8 @@ class Importer:
             now[axis] = 1
             x = self._view_node(node, "Slice", x, (axis, index, index + 1, 1), dtype, now)
         if window.gaps:
-            now = [n for j, n in enumerate(window.region) if j not in dict(window.gaps)]
+            gap_axes = {axis for axis, _ in window.gaps}
+            now = [n for j, n in enumerate(window.region) if j not in gap_axes]
             x = self._view_node(node, "View", x, (tuple(now),), dtype, now)
         if window.order != tuple(range(len(window.order))):
             now = [now[p] for p in window.order]

@@ -48,8 +48,8 @@ def import_graph(
 ) -> Imported:
     """``replacements``: let custom ops that replace ATen ops take their nodes (on GPU
     targets, where their kernels run). ``keep_packed``: placeholders read only packed (the
-    inputs a recipe writes); any other that is a permuted packed tensor is read through
-    its window (``input_windows``)."""
+    inputs a recipe writes); any other that is a window of a packed region is read as
+    that region (``input_windows``)."""
     symbol_table.table = {}
     try:
         imported = _import(gm, replacements, keep_packed)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from saturn.eqsat.program import packed_strides
+
 
 @dataclass(frozen=True)
 class Window:
@@ -74,12 +76,7 @@ def window_of(val) -> Window | None:
     if dims is None:
         return None
     region = tuple(n for n, _ in dims)
-    region_strides = []
-    acc = 1
-    for n in reversed(region):
-        region_strides.append(acc)
-        acc *= n
-    region_strides.reverse()
+    region_strides = packed_strides(region)
     try:
         offset = int(val.storage_offset())
         size = val.untyped_storage().nbytes() // val.element_size()
@@ -94,7 +91,7 @@ def window_of(val) -> Window | None:
             gaps.append((j, index))
             rel += index * region_strides[j]
     start = offset - rel
-    if start < 0 or start + acc > size:
+    if start < 0 or start + math.prod(region) > size:
         return None
     axes = [a for _, a in dims if a is not None]
     order = tuple(axes.index(a) for a in sorted(axes))
@@ -116,10 +113,3 @@ def _region_dims(shape, strides) -> list[tuple[int, int | None]] | None:
         dims.append((shape[a], a))
         step *= shape[a]
     return dims[::-1]
-
-
-def region_numel(shape, strides) -> int | None:
-    """Elements of the packed region around a layout (``window_of``'s, offset 0), or
-    None where there is none."""
-    dims = _region_dims(tuple(shape), tuple(strides))
-    return None if dims is None else math.prod(n for n, _ in dims)

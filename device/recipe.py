@@ -27,7 +27,7 @@ from saturn.eqsat.program import Program, Step, StepKind
 from .dtypes import DTYPES, TORCH_DTYPES, HostCall
 from .eager_kernels import byte_span
 from .host_ops import run_host
-from .input_windows import Window, region_numel
+from .input_windows import Window
 from .profiling import step_range
 from .steps import check_operands, const_tensor
 
@@ -282,13 +282,7 @@ class Recipe:
         strides = self.output_types[pos].strides
         if strides is None:
             return t.clone(memory_format=torch.contiguous_format)
-        # over the packed region around eager's layout, as eager's view has its base's
-        # storage: a graph that takes it (a backward its saved row) reads it in place
-        n = region_numel(t.shape, strides) if t.numel() else None
-        if n is None:
-            out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
-        else:
-            out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(t.shape, strides)
+        out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
         return out.copy_(t)
 
     def _check_outputs(self, results: list) -> None:

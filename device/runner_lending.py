@@ -5,6 +5,8 @@ every lent storage still held is copied out and its data pointer swapped to the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from saturn.eqsat.program import StepKind
@@ -69,16 +71,20 @@ class Lending:
                 views[k] = (self.r._position[value], t.shape, t.stride(), rel)
         return self._groups(outs, self._bases(outs)), views
 
+    @functools.cached_property
+    def _view_roots(self) -> dict[str, str]:
+        """Each view step's value -> the value it views in the end (the program's steps
+        come in order, so a view's source is resolved before the view)."""
+        roots: dict[str, str] = {}
+        for s in self.r.program.steps:
+            if s.kind == StepKind.VIEW:
+                roots[s.output] = roots.get(s.args[0], s.args[0])
+        return roots
+
     def _bases(self, outs: list) -> list:
         """Per output that is a view not packed, the buffer of the kernel output it views
         (following the program's view steps), else None."""
-        roots = self.__dict__.get("_view_roots")
-        if roots is None:
-            roots = {}
-            for s in self.r.program.steps:
-                if s.kind == StepKind.VIEW:
-                    roots[s.output] = roots.get(s.args[0], s.args[0])
-            self._view_roots = roots
+        roots = self._view_roots
         return [
             self.buffers.get(roots.get(v, v))
             if isinstance(t, torch.Tensor) and not t.is_contiguous()

@@ -4,12 +4,10 @@ input where a packed one was compiled, a view as an output, a constant first ope
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import torch
 
 from saturn import backend
-from saturn.recipe import CallStats, InputSpec, Recipe
 
 from .helpers import DEV, compile_and_compare, last_compiled
 
@@ -139,16 +137,23 @@ def test_alias_full_and_scalar_tensor_are_imported_not_opaque():
 
 
 def _counting_copies(monkeypatch) -> list:
-    """The shapes ``Recipe._copy`` packs from now on (a call's strided inputs)."""
+    """The shapes of the inputs copied from now on: packed by ``Recipe._copy`` (a call's
+    strided inputs) or given a region of their own by ``Window.packed``."""
+    from saturn.input_windows import Window
     from saturn.recipe import Recipe
 
-    copies, real = [], Recipe._copy
+    copies, real, real_packed = [], Recipe._copy, Window.packed
 
     def spy(t, want, stats):
         copies.append(tuple(t.shape))
         return real(t, want, stats)
 
+    def spy_packed(w, t, device):
+        copies.append(tuple(t.shape))
+        return real_packed(w, t, device)
+
     monkeypatch.setattr(Recipe, "_copy", staticmethod(spy))
+    monkeypatch.setattr(Window, "packed", spy_packed)
     return copies
 
 
@@ -169,6 +174,7 @@ def test_a_transposed_input_is_read_through_its_permutation(monkeypatch):
     assert [n.shape for n in ops if n.op == "Input"] == [(3, 6), (5, 6)]
     with torch.no_grad():
         got = cg.recipe([x.to(DEV), w.t().contiguous().to(DEV)])
+    assert copies == [(6, 5)]  # laid out otherwise: copied into a region of its own
     torch.testing.assert_close(got[0].cpu(), x @ w.t(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1].cpu(), w * 2)
 
@@ -196,6 +202,7 @@ def test_a_slice_is_read_in_its_region_or_copied_where_the_region_leaves_storage
     assert short.stride() == window.strides and not window.fits(short)
     with torch.no_grad():
         got = cg.recipe([short])
+    assert copies == [(4, 5)]
     torch.testing.assert_close(got[0].cpu(), want * 2 + 1)
 
 
@@ -267,8 +274,6 @@ def test_a_training_step_reads_its_saved_windows_in_place(dev, monkeypatch):
     """Decision 0130 on both devices: after the first steps, no saved tensor is copied
     at a call (neither packed by the recipe nor given a region of its own), the gradients
     are eager's, and on a GPU every graph's calls take the one-pass replay."""
-    from saturn.input_windows import Window
-
     torch.manual_seed(0)
     model = _Heads()
     ref = copy.deepcopy(model)
@@ -283,8 +288,7 @@ def test_a_training_step_reads_its_saved_windows_in_place(dev, monkeypatch):
         step(xd).backward()
     runners = [cg.recipe.runner for cg in backend.CACHE.items.values() if cg.recipe.runner]
     fast = [r.fast_replays for r in runners]
-    copies, real = _counting_copies(monkeypatch), Window.packed
-    monkeypatch.setattr(Window, "packed", lambda w, t, d: copies.append(w.shape) or real(w, t, d))
+    copies = _counting_copies(monkeypatch)
     for _ in range(2):
         model.zero_grad()
         step(xd).backward()
@@ -295,18 +299,3 @@ def test_a_training_step_reads_its_saved_windows_in_place(dev, monkeypatch):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
     windows = [s.window for cg in backend.CACHE.items.values() for s in cg.recipe.inputs]
     assert any(w is not None and w.gaps for w in windows)
-
-
-def test_an_output_given_eagers_strides_has_the_region_around_them():
-    """An output re-laid out with eager's strides (a row of a sequence, strides (S*D, 1))
-    gets the packed region around them as its storage, as eager's view has its base's:
-    a graph that takes it reads the window in place (decision 0130)."""
-    from saturn.input_windows import region_numel, window_of
-
-    assert region_numel((2, 192), (3264, 1)) == 2 * 17 * 192
-    assert region_numel((4, 6), (1, 4)) == 24 and region_numel((4, 6), (0, 1)) is None
-    recipe = SimpleNamespace(output_types=[InputSpec(torch.float32, (2, 192), (3264, 1))])
-    t = torch.randn(2, 192)
-    out = Recipe._fresh(recipe, t, 0, CallStats())
-    assert out.stride() == (3264, 1) and torch.equal(out, t)
-    assert window_of(torch.randn(2, 17, 192)[:, 0]).fits(out)
