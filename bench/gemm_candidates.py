@@ -1,6 +1,7 @@
 """How many of cuBLASLt's heuristic candidates a float32 GEMM plan should time, on the
 products of real models: saturn's plan (``codegen/gemm.GemmPlan``) timing the first 8, 16
-or 32 candidates, against ``torch.nn.functional.linear`` on CUDA tensors, same process.
+or 32 candidates, and the same plan running cuBLAS's own choice (``codegen/cublas``,
+``blas="always"``), against ``torch.nn.functional.linear`` on CUDA tensors, same process.
 
 What is timed: device time per call (``gemm.time_on_stream``: the stream held while ten
 calls are enqueued, CUDA events around them), median of 7, float32 with TF32 off. Each
@@ -19,6 +20,7 @@ import statistics
 import torch
 
 import saturn  # noqa: F401
+from saturn.codegen.cublaslt import WORKSPACE_BYTES
 from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
 
 GPU = "saturn:1"
@@ -46,7 +48,10 @@ def main() -> None:
     sh = torch.saturn.stream_handle(GPU)
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print(f"{'product':28s} {'torch ms':>9s} " + " ".join(f"{f'{n} cand.':>10s}" for n in LIMITS))
+    blas_ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=GPU)
+    ws = (blas_ws.data_ptr(), WORKSPACE_BYTES)
+    cols = [f"{n} cand." for n in LIMITS] + ["cuBLAS"]
+    print(f"{'product':28s} {'torch ms':>9s} " + " ".join(f"{c:>10s}" for c in cols))
     for name, (m, k, n) in SHAPES.items():
         x, w = torch.randn(m, k), torch.randn(n, k) * k**-0.5
         xc, wc = x.cuda(), w.cuda()
@@ -60,14 +65,24 @@ def main() -> None:
         out = torch.empty(m, n, device=GPU)
         ptrs = (xs.data_ptr(), wt.data_ptr(), out.data_ptr())
         times = []
-        for limit in LIMITS:
+        for limit, blas in [(n, "never") for n in LIMITS] + [(LIMITS[0], "always")]:
             with torch.saturn.device(GPU):
                 plan = GemmPlan(
-                    lay(xs), lay(wt), lay(out), "none", None, ptrs, sh, candidates=limit
+                    lay(xs),
+                    lay(wt),
+                    lay(out),
+                    "none",
+                    None,
+                    ptrs,
+                    sh,
+                    candidates=limit,
+                    blas=blas,
+                    blas_workspace=ws,
                 )
+                assert (plan.blas is not None) == (blas == "always")
                 times.append(device_ms(lambda plan=plan, ptrs=ptrs: plan.run(ptrs), sh))
             err = (out.cpu() - want).abs().max().item()
-            assert err < 1e-3, (name, limit, err)
+            assert err < 1e-3, (name, limit, blas, err)
         print(f"{name:28s} {t_torch:9.3f} " + " ".join(f"{t:10.3f}" for t in times), flush=True)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import GemmError, Layout, check_epilogue, time_on_stream
+from .gemm import BLAS_CHOICES, GemmError, Layout, check_epilogue, time_on_stream
 from .gemm_tuning import TUNINGS, alignment
 
 # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F
@@ -147,7 +147,9 @@ class LtPlan:
     pointers. ``workspace``: (pointer, bytes) of device memory the plan may use on every
     call (shared by plans that run on one stream; kept alive by the caller). With
     ``autotune``, cuBLASLt's heuristic candidates are timed on the first call's operands
-    and the fastest kept. Pointers less aligned than the planned ones re-plan."""
+    and the fastest kept; a product with no epilogue also times cuBLAS's own choice
+    (``cublas.BlasGemm``, with the same workspace) as one more candidate (``blas``: one of
+    ``gemm.BLAS_CHOICES``). Pointers less aligned than the planned ones re-plan."""
 
     def __init__(
         self,
@@ -161,8 +163,11 @@ class LtPlan:
         workspace: tuple[int, int],
         autotune: bool = True,
         candidates: int = 8,
+        blas: str = "timed",
     ):
         check_epilogue(epilogue, bias, out)
+        if blas not in BLAS_CHOICES:
+            raise GemmError(f"unknown cuBLAS choice {blas!r}; one of {BLAS_CHOICES}")
         dtypes = {lay.dtype for lay in (a, b, out, bias) if lay is not None}
         if len(dtypes) != 1 or next(iter(dtypes)) not in DATA_TYPE:
             raise GemmError(f"no GEMM plan for dtypes {sorted(dtypes)}")
@@ -176,6 +181,8 @@ class LtPlan:
         self.workspace = workspace
         self.autotune = autotune
         self.candidates = candidates
+        self.blas_choice = blas
+        self.blas = None  # a cublas.BlasGemm that runs the product instead, when chosen
         self.timings: dict[int, float] = {}  # candidate index -> ms, when timed
         self.compute, self.scale, scalar = COMPUTE.get(self.dtype, COMPUTE_32F)
         self._scalars = np.array([1.0, 0.0], dtype=scalar)  # alpha, beta (host memory)
@@ -286,23 +293,48 @@ class LtPlan:
         if not self.algos:
             raise GemmError("cuBLASLt has no algorithm for this GEMM")
         self.algo = self.algos[0][0]
-        if self.autotune and len(self.algos) > 1:
+        self.blas = self._blas_candidate()
+        if self.blas is not None and self.blas_choice == "always":
+            return
+        n = len(self.algos) + (self.blas is not None)  # index len(algos): cuBLAS's choice
+        if self.autotune and n > 1:
             # the heuristic lists the same candidates for the same product: the index a plan
             # of it timed before is this one's choice too (gemm_tuning)
-            key = TUNINGS.key(
-                ptrs, "lt", self.layouts, self.epilogue, self.workspace[1], len(self.algos)
-            )
+            key = TUNINGS.key(ptrs, "lt", self.layouts, self.epilogue, self.workspace[1], n)
             best = TUNINGS.get(key)
-            if best is not None and not (type(best) is int and 0 <= best < len(self.algos)):
+            if best is not None and not (type(best) is int and 0 <= best < n):
                 TUNINGS.forget(key)  # a stored choice of another form: timed again
                 best = None
             if best is None:
+                blas, self.blas = self.blas, None
                 for i, (algo, _) in enumerate(self.algos):
                     self.algo = algo
                     self.timings[i] = time_on_stream(lambda: self.run(ptrs), self.stream, 3)
+                if blas is not None:
+                    try:
+                        t = time_on_stream(lambda: blas.run(ptrs), self.stream, 3)
+                        self.timings[len(self.algos)] = t
+                    except Exception:  # cuBLAS's status names what it refused
+                        pass
                 best = min(self.timings, key=self.timings.__getitem__)
                 TUNINGS.put(key, best)
+                self.blas = blas
+            if best == len(self.algos):
+                return
             self.algo = self.algos[best][0]
+        self.blas = None
+
+    def _blas_candidate(self):
+        """cuBLAS's own choice for a product with no epilogue (None where it is not asked
+        for or cannot be made: cuBLASLt's candidates run it)."""
+        if self.epilogue != "none" or self.blas_choice == "never":
+            return None
+        from .cublas import BlasGemm
+
+        try:
+            return BlasGemm(self.problem, self.dtype, self.stream, self.workspace)
+        except Exception:  # no handle: cuBLASLt runs it
+            return None
 
     def free(self) -> None:
         from nvmath.bindings import cublasLt as lt  # noqa: N813
@@ -330,6 +362,9 @@ class LtPlan:
         if any(x % al for x, al in zip(ptrs, self.align, strict=False)):
             self.free()  # a less aligned operand than planned for: plan again for it
             self._build(tuple(ptrs))
+        if self.blas is not None:
+            self.blas.run(ptrs)
+            return
         if self.epilogue != "none" and self._bias[0] != ptrs[3]:
             self._bias[0] = ptrs[3]
             lt.matmul_desc_set_attribute(

@@ -136,16 +136,16 @@ class LibraryPlans:
 
     def _gemm_plan(self, k, key: tuple, out: torch.Tensor, ptrs: tuple[int, ...]):
         """The product's plan, tuned on this call's operands. float16/bfloat16 products are
-        cuBLASLt plans of their own (float32 accumulation, one rounding) sharing one
-        workspace: they run one after another on the stream, and the workspace's fixed
-        address is what replay captures."""
+        cuBLASLt plans of their own (float32 accumulation, one rounding); they and cuBLAS's
+        own choice where a product takes it share one workspace: they run one after
+        another on the stream, and the workspace's fixed address is what replay captures."""
         bias = key[2] if len(key) == 3 else None
         args = (key[0], key[1], layout(out), k.attrs["epilogue"], bias)
         ptrs = (*ptrs[:2], out.data_ptr(), *ptrs[2:])
+        if self._lt_workspace is None:
+            self._lt_workspace = self._workspace(WORKSPACE_BYTES, keep=False)
+        ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
         if key[0].dtype in HALVES:
-            if self._lt_workspace is None:
-                self._lt_workspace = self._workspace(WORKSPACE_BYTES, keep=False)
-            ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
             return LtPlan(*args, ptrs, self.stream, ws)
         return GemmPlan(
             *args,
@@ -155,6 +155,7 @@ class LibraryPlans:
             alloc=lambda n: self._workspace(n, keep=False),
             choose=self.choose_precision,
             gelu=self.gelu_epilogue,
+            blas_workspace=ws,
         )
 
     def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
