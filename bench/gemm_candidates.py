@@ -48,8 +48,8 @@ def main() -> None:
     sh = torch.saturn.stream_handle(GPU)
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    blas_ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=GPU)
-    ws = (blas_ws.data_ptr(), WORKSPACE_BYTES)
+    blas_buf = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=GPU)
+    blas_ws = (blas_buf.data_ptr(), WORKSPACE_BYTES)
     cols = [f"{n} cand." for n in LIMITS] + ["cuBLAS"]
     print(f"{'product':28s} {'torch ms':>9s} " + " ".join(f"{c:>10s}" for c in cols))
     for name, (m, k, n) in SHAPES.items():
@@ -77,7 +77,7 @@ def main() -> None:
                     sh,
                     candidates=limit,
                     blas=blas,
-                    blas_workspace=ws,
+                    blas_workspace=blas_ws,
                 )
                 assert (plan.blas is not None) == (blas == "always")
                 times.append(device_ms(lambda plan=plan, ptrs=ptrs: plan.run(ptrs), sh))
