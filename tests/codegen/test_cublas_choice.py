@@ -165,3 +165,33 @@ def test_cublas_choice_gives_eagers_product(kind, dtype, name, monkeypatch):
         if blas == "timed" and kind == "lt":  # every candidate and cuBLAS's choice
             assert sorted(p.timings) == list(range(len(p.algos) + 1))
         torch.testing.assert_close(out.cpu(), want, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_compiled_product_on_cublas_is_captured_and_replayed(dtype, monkeypatch):
+    """A compiled graph whose products run by cuBLAS's choice (forced) replays them in its
+    CUDA graph with eager's CPU result at every call."""
+    import functools
+
+    from saturn import backend, runner_plans
+    from saturn.codegen.cublaslt import LtPlan
+
+    monkeypatch.setattr(runner_plans, "GemmPlan", functools.partial(GemmPlan, blas="always"))
+    monkeypatch.setattr(runner_plans, "LtPlan", functools.partial(LtPlan, blas="always"))
+    torch.manual_seed(1)
+    a, b = torch.randn(3, 64, 48).to(dtype), (torch.randn(48, 40) / 7).to(dtype)
+    want = torch.relu(a.float() @ b.float()).to(dtype) if dtype != torch.float32 else None
+    want = torch.relu(a @ b) if want is None else want
+    tol = {"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}
+    torch._dynamo.reset()
+    before = backend.CACHE.compiles
+    fn = torch.compile(lambda a, b: torch.relu(a @ b), backend="saturn", dynamic=False)
+    for _ in range(4):
+        torch.testing.assert_close(fn(a.to(GPU), b.to(GPU)).cpu(), want, **tol)
+    n = backend.CACHE.compiles - before
+    assert n == 1
+    recipe = list(backend.CACHE.items.values())[-1].recipe
+    plans = [p for _, p in recipe.runner.plans.values()]
+    assert plans and all(p.blas is not None for p in plans)
+    assert recipe.runner.replays >= 1
