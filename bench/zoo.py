@@ -26,7 +26,7 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
                         [--only NAME ...] [--timeout S] [--jobs N] [--json PATH]
                         [--baselines all|autotune|eager|none] [--no-baselines] [--training]
                         [--conv-grads cudnn|written] [--input-writes saturn|aot]
-                        [--attention-grad math|fused]
+                        [--attention-grad auto|math|fused]
 
 --training checks and times one training step instead (bench/zoo_training.py).
 """
@@ -645,11 +645,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--attention-grad",
-        default="math",
-        choices=["math", "fused"],
-        help="attention with a gradient on a GPU: aten's math (saturn's default: training "
-        "rows were slower with the fused kernels) or the fused kernels (decision 0128); "
-        "rows other than the default state it",
+        default="auto",
+        choices=["auto", "math", "fused"],
+        help="attention with a gradient on a GPU: saturn's default (the fused kernels for "
+        "float32 rows whose length is not a multiple of 4, aten's math elsewhere: "
+        "decision 0132), aten's math, or the fused kernels wherever they apply (decision "
+        "0128); rows other than the default state it",
     )
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -670,10 +671,10 @@ def main() -> None:
             from saturn import backend
 
             backend.KEEP_INPUT_WRITES = False
-        if a.attention_grad == "fused":
+        if a.attention_grad != "auto":
             from saturn import sdpa_grad
 
-            sdpa_grad.set_kernels(True)
+            sdpa_grad.set_kernels(a.attention_grad)
         row = run_one(
             a.child,
             a.device,
@@ -687,7 +688,7 @@ def main() -> None:
             row["conv_grads"] = a.conv_grads
         if a.input_writes != "saturn":
             row["input_writes"] = a.input_writes
-        if a.attention_grad != "math":
+        if a.attention_grad != "auto":
             row["attention_grad"] = a.attention_grad
         print("ZOO " + json.dumps(row))
         return

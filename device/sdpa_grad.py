@@ -39,11 +39,17 @@ from .sdpa import _batched, _scale, _scores, bias4, expand_heads, on_fused_devic
 
 aten = torch.ops.aten
 
-# Whether attention with a gradient runs the fused kernels (``set_kernels``). Off: aten's
-# math, forward and backward, as before decision 0128. The kernels pass their GPU tests
-# (which turn them on, as bench/zoo.py --attention-grad fused does), but training rows
-# were slower with them until decision 0130; off until those rows are measured again
-KERNELS = False
+# How attention with a gradient runs on a GPU (``set_kernels``): "math" is aten's math,
+# forward and backward, as before decision 0128; "fused" the fused kernels wherever they
+# take the operands; "auto" (the default, decision 0132) the fused kernels only for
+# float32 attention whose query or key length is not a multiple of 4, where the H100's
+# training rows were faster with them (DeiT-tiny, 197 tokens: 13.60 against 14.79 ms), and
+# the math elsewhere (512 tokens: DistilBERT 35.04 against 34.97, GPT-NeoX 72.36 against
+# 69.93). The device's choice (``csrc/attention.cpp``) applies the rule; ``KERNELS`` says
+# whether this module's backward may run a kernel once the forward took the fused op.
+MODES = ("math", "fused", "auto")  # their indices are the device's grad_mode
+MODE = "auto"
+KERNELS = True
 _PLANS: dict[tuple, tuple | str] = {}  # gradient plans and workspaces (cached_plan)
 
 
@@ -70,12 +76,17 @@ def _fold(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return grad if h == hk else grad.view(b, hk, h // hk, s, d).sum(2)
 
 
-def set_kernels(on: bool) -> None:
-    """Whether attention with a gradient runs the fused kernels on a GPU: the device's
-    choice (``csrc/attention.cpp``) and this module's ``KERNELS`` together."""
-    global KERNELS
-    KERNELS = bool(on)
-    torch.ops.saturn_rt.set_fused_attention_grad(KERNELS)
+def set_kernels(mode: str | bool) -> None:
+    """How attention with a gradient runs on a GPU (one of ``MODES``; True is "fused",
+    False "math"): the device's choice (``csrc/attention.cpp``) and this module's
+    ``KERNELS`` together."""
+    global KERNELS, MODE
+    if isinstance(mode, bool):
+        mode = "fused" if mode else "math"
+    if mode not in MODES:
+        raise ValueError(f"unknown attention gradient mode {mode!r}; one of {MODES}")
+    MODE, KERNELS = mode, mode != "math"
+    torch.ops.saturn_rt.set_attention_grad_mode(MODES.index(mode))
 
 
 def grad_takes(q, k, v, out, dout, bias=None) -> bool:

@@ -18,9 +18,16 @@ namespace {
 
 bool half_type(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-// whether a gradient takes the fused op (device/sdpa_grad.py's switch, set_kernels; off:
-// decision 0128's training rows were slower with it)
-std::atomic<bool> fused_grad{false};
+// how a gradient is taken (device/sdpa_grad.py's set_kernels; MODES there): 0 aten's math,
+// 1 the fused op, 2 (the default) the fused op where training rows were measured faster with
+// it: float32 attention over rows whose length is not a multiple of 4, whose math products
+// run cuBLAS's unaligned kernels (decision 0132); the math elsewhere
+std::atomic<int> grad_mode{2};
+
+// a float32 attention whose query or key length is not a multiple of four floats
+bool unaligned_rows(const at::Tensor& q, const at::Tensor& k) {
+  return q.sym_size(2) % 4 != 0 || k.sym_size(2) % 4 != 0;
+}
 
 int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
@@ -39,7 +46,11 @@ int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const bool mask_grad = mask.has_value() && mask->defined() && mask->requires_grad();
   const bool grad = at::GradMode::is_enabled() &&
                     (q.requires_grad() || k.requires_grad() || v.requires_grad() || mask_grad);
-  if (grad && (mask_grad || q.device().index() < 1 || !fused_grad.load())) return math;
+  if (grad) {
+    const int mode = grad_mode.load();
+    if (mask_grad || q.device().index() < 1 || mode == 0) return math;
+    if (mode == 2 && !(f32 && unaligned_rows(q, k))) return math;
+  }
   if (!(half_type(q.scalar_type()) || f32) || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return math;
@@ -68,6 +79,6 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &saturn::sdp_choice)
 }  // namespace at::native
 
 TORCH_LIBRARY_FRAGMENT(saturn_rt, m) {
-  m.def("set_fused_attention_grad(bool on) -> ()",
-        [](bool on) { saturn::fused_grad.store(on); });
+  m.def("set_attention_grad_mode(int mode) -> ()",
+        [](int64_t mode) { saturn::grad_mode.store(static_cast<int>(mode)); });
 }

@@ -137,7 +137,7 @@ def test_zoo_child_rows_state_written_out_convolution_gradients():
     and 0128; the first and last only change GPU targets' graphs)."""
     import argparse
 
-    def args(conv_grads, input_writes="saturn", attention_grad="math"):
+    def args(conv_grads, input_writes="saturn", attention_grad="auto"):
         return argparse.Namespace(
             device="saturn:0",
             dtype="float32",

@@ -49,10 +49,12 @@ def operands(name: str):
 
 @pytest.fixture
 def kernels_on():
-    """The fused gradient's switch on (off by default, decision 0128), off again after."""
-    sdpa_grad.set_kernels(True)
+    """The fused gradient wherever it applies (by default only for float32 rows whose
+    length is not a multiple of 4, decision 0132), the default again after."""
+    before = sdpa_grad.MODE
+    sdpa_grad.set_kernels("fused")
     yield
-    sdpa_grad.set_kernels(False)
+    sdpa_grad.set_kernels(before)
 
 
 def fused_call(q, k, v, bias, causal):
@@ -177,20 +179,24 @@ def test_the_fused_branch_hands_the_kernel_expanded_heads_and_a_packed_mask(
     assert scale == 0.3
 
 
-def test_the_switch_keeps_the_math_and_is_off_by_default(monkeypatch):
-    """The switch is off by default (decision 0128: training rows were slower with it):
-    no kernel even where one would take the operands; ``set_kernels(True)``
-    (``zoo.py --attention-grad fused``) turns it on, the device's choice included."""
+def test_the_switch_keeps_the_math_only_when_told(monkeypatch):
+    """By default ("auto", decision 0132) the backward may run the kernel once the device
+    chose the fused op; ``set_kernels("math")`` (``zoo.py --attention-grad math``) keeps
+    aten's math even where a kernel would take the operands; an unknown mode is refused
+    and changes nothing."""
     monkeypatch.setattr(sdpa_grad, "on_fused_device", lambda *ts: True)
     q, k, v, bias, _ = operands("float-mask")
-    assert not sdpa_grad.KERNELS
-    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
-    sdpa_grad.set_kernels(True)
+    assert sdpa_grad.MODE == "auto" and sdpa_grad.KERNELS
+    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
+    sdpa_grad.set_kernels("math")
     try:
-        assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
+        assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
+        with pytest.raises(ValueError, match="unknown attention gradient mode"):
+            sdpa_grad.set_kernels("sometimes")
+        assert sdpa_grad.MODE == "math"
     finally:
-        sdpa_grad.set_kernels(False)
-    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is None
+        sdpa_grad.set_kernels("auto")
+    assert sdpa_grad._grad_operands(q, k, v, q, q, bias, 0.0) is not None
 
 
 def test_dropout_and_a_mask_gradient_are_refused_plainly():

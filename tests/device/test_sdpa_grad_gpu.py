@@ -60,11 +60,13 @@ def grads(q, k, v, bias, causal, g, device, dtype=torch.float32):
 
 @pytest.fixture(autouse=True)
 def kernels_on():
-    """The fused gradient is off by default (decision 0128: training rows were slower
-    with it); these tests turn it on, and off again after."""
-    sdpa_grad.set_kernels(True)
+    """The fused gradient runs by default only for float32 rows whose length is not a
+    multiple of 4 (decision 0132); these tests run it wherever it applies, and restore the
+    default after."""
+    before = sdpa_grad.MODE
+    sdpa_grad.set_kernels("fused")
     yield
-    sdpa_grad.set_kernels(False)
+    sdpa_grad.set_kernels(before)
 
 
 def kernel_runs() -> int:
@@ -131,3 +133,30 @@ def test_compiled_training_runs_the_kernel_and_matches_cpu(name, dtype):
     for a, b, what in zip(got, want, ("out", "dq", "dk", "dv"), strict=True):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, w=what: f"{w}: {m}")
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    "name, dtype, fused",
+    [
+        ("deit", torch.float32, True),  # 197 tokens: the math's products are unaligned
+        ("float-mask", torch.float32, True),  # 77
+        ("cross", torch.float32, True),  # 50 queries over 197 keys
+        ("plain", torch.float32, False),  # 64: the math
+        ("bool-mask", torch.float32, False),  # 96
+        ("deit", torch.bfloat16, False),  # half types keep the math by default
+    ],
+)
+def test_the_default_runs_the_kernel_only_for_unaligned_float32_rows(name, dtype, fused):
+    """Decision 0132's default ("auto"): the device takes the fused op with a gradient for
+    float32 rows whose length is not a multiple of 4 and keeps aten's math elsewhere; the
+    gradients match the CPU's either way."""
+    sdpa_grad.set_kernels("auto")
+    q, k, v, bias, causal = operands(name)
+    g = torch.randn(q.shape)
+    want = grads(q, k, v, bias, causal, g, "cpu", dtype)
+    runs = kernel_runs()
+    got = grads(q, k, v, bias, causal, g, GPU, dtype)
+    assert kernel_runs() == runs + (1 if fused else 0)
+    tol = TOL if dtype == torch.float32 else HALF_TOL
+    for a, b, what in zip(got, want, ("out", "dq", "dk", "dv"), strict=True):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, w=what: f"{w}: {m}")
