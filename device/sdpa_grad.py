@@ -4,7 +4,8 @@
 
 Where a gradient is needed, the device's ``_fused_sdp_choice`` (``csrc/attention.cpp``)
 answers *overrideable* on saturn:1.. as it does without one (no dropout, a mask that needs
-no gradient; saturn:0 keeps the math); aten's autograd formula for
+no gradient; saturn:0 keeps the math), by default only for float32 rows whose length is
+not a multiple of 4 (``MODE``, decision 0132); aten's autograd formula for
 ``_scaled_dot_product_fused_attention_overrideable`` then calls
 ``_scaled_dot_product_fused_attention_overrideable_backward``, implemented here:
 
