@@ -1,7 +1,8 @@
 """How many of cuBLASLt's heuristic candidates a float32 GEMM plan should time, on the
 products of real models: saturn's plan (``codegen/gemm.GemmPlan``) timing the first 8, 16
-or 32 candidates, and the same plan running cuBLAS's own choice (``codegen/cublas``,
-``blas="always"``), against ``torch.nn.functional.linear`` on CUDA tensors, same process.
+or 32 candidates, and the same plan running cuBLAS's own choice
+(``codegen/cublaslt.offer_blas``, ``blas="always"``), against
+``torch.nn.functional.linear`` on CUDA tensors, same process.
 
 What is timed: device time per call (``gemm.time_on_stream``: the stream held while ten
 calls are enqueued, CUDA events around them), median of 7, float32 with TF32 off. Each
@@ -20,7 +21,7 @@ import statistics
 import torch
 
 import saturn  # noqa: F401
-from saturn.codegen.cublaslt import WORKSPACE_BYTES
+from saturn.codegen.cublaslt import WORKSPACE_BYTES, offer_blas
 from saturn.codegen.gemm import GemmPlan, Layout, time_on_stream
 
 GPU = "saturn:1"
@@ -68,17 +69,9 @@ def main() -> None:
         for limit, blas in [(n, "never") for n in LIMITS] + [(LIMITS[0], "always")]:
             with torch.saturn.device(GPU):
                 plan = GemmPlan(
-                    lay(xs),
-                    lay(wt),
-                    lay(out),
-                    "none",
-                    None,
-                    ptrs,
-                    sh,
-                    candidates=limit,
-                    blas=blas,
-                    blas_workspace=blas_ws,
+                    lay(xs), lay(wt), lay(out), "none", None, ptrs, sh, candidates=limit
                 )
+                offer_blas(plan, ptrs, blas_ws, blas)
                 assert (plan.blas is not None) == (blas == "always")
                 times.append(device_ms(lambda plan=plan, ptrs=ptrs: plan.run(ptrs), sh))
             err = (out.cpu() - want).abs().max().item()

@@ -17,6 +17,19 @@ column-major memory is read with ``T``). The bias epilogue adds ``bias[row]`` of
 column-major result, which is the output feature here: a linear layer's bias.
 ``lt_problem`` does this mapping and ``simulate`` runs it on numpy buffers (for tests with
 no GPU); ``LtPlan`` runs it on the device.
+
+cuBLAS's own choice (decision 0131). cuBLASLt's heuristic lists candidates and a plan times
+the first few; cuBLAS's classic API (what PyTorch's ``mm`` calls) picks its kernel by a
+heuristic of its own, which can be one that list does not hold: on an H100, Mistral's
+float32 gate/up product took 9.46 ms through it and 10.02 ms by the best of cuBLASLt's
+first 8 candidates (``bench/gemm_candidates.py``). So a product with no epilogue also times
+``BlasGemm`` (``cublasGemmStridedBatchedEx``, default algorithm, the same column-major
+problem: nothing copied) and keeps it where it is the fastest: ``LtPlan`` as one more
+candidate, a float32 ``gemm.GemmPlan`` through ``offer_blas``. It computes in float32 for
+float32 and half inputs (no TF32) and in float64 for float64, with reduced-precision
+reductions forbidden, so half products accumulate in float32 and are rounded once, as the
+cuBLASLt plans' are. Its workspace is the caller's fixed buffer (``cublasSetWorkspace``),
+so a call allocates nothing and can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import BLAS_CHOICES, GemmError, Layout, check_epilogue, time_on_stream
+from .gemm import BLAS_CHOICES, GemmError, GemmPlan, Layout, check_epilogue, time_on_stream
 from .gemm_tuning import TUNINGS, alignment
 
 # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F
@@ -36,6 +49,9 @@ COMPUTE_32F = (68, 0, np.float32)  # every other dtype: COMPUTE_32F, float32 sca
 EPILOGUE_CODE = {"none": 1, "bias": 4, "relu_bias": 6, "gelu_bias": 36}  # cublasLtEpilogue_t
 _N, _T = 0, 1  # cublasOperation_t
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's documentation recommends on Hopper
+BLAS_DEFAULT_ALGO = -1  # CUBLAS_GEMM_DEFAULT
+# CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
+BLAS_MATH_MODE = 0 | 16
 
 
 @dataclass(frozen=True)
@@ -148,7 +164,7 @@ class LtPlan:
     call (shared by plans that run on one stream; kept alive by the caller). With
     ``autotune``, cuBLASLt's heuristic candidates are timed on the first call's operands
     and the fastest kept; a product with no epilogue also times cuBLAS's own choice
-    (``cublas.BlasGemm``, with the same workspace) as one more candidate (``blas``: one of
+    (``BlasGemm``, with the same workspace) as one more candidate (``blas``: one of
     ``gemm.BLAS_CHOICES``). Pointers less aligned than the planned ones re-plan."""
 
     def __init__(
@@ -182,7 +198,7 @@ class LtPlan:
         self.autotune = autotune
         self.candidates = candidates
         self.blas_choice = blas
-        self.blas = None  # a cublas.BlasGemm that runs the product instead, when chosen
+        self.blas = None  # a BlasGemm that runs the product instead, when chosen
         self.timings: dict[int, float] = {}  # candidate index -> ms, when timed
         self.compute, self.scale, scalar = COMPUTE.get(self.dtype, COMPUTE_32F)
         self._scalars = np.array([1.0, 0.0], dtype=scalar)  # alpha, beta (host memory)
@@ -329,8 +345,6 @@ class LtPlan:
         for or cannot be made: cuBLASLt's candidates run it)."""
         if self.epilogue != "none" or self.blas_choice == "never":
             return None
-        from .cublas import BlasGemm
-
         try:
             return BlasGemm(self.problem, self.dtype, self.stream, self.workspace)
         except Exception:  # no handle: cuBLASLt runs it
@@ -389,3 +403,100 @@ class LtPlan:
             self.workspace[1],
             self.stream,
         )
+
+
+_BLAS_HANDLES: dict[int, int] = {}  # CUDA context -> cublas handle
+
+
+def _blas_handle() -> int:
+    from cuda.bindings import driver
+    from nvmath.bindings import cublas
+
+    _, ctx = driver.cuCtxGetCurrent()
+    key = int(ctx)
+    if key not in _BLAS_HANDLES:
+        h = cublas.create()
+        cublas.set_math_mode(h, BLAS_MATH_MODE)
+        _BLAS_HANDLES[key] = h
+    return _BLAS_HANDLES[key]
+
+
+class BlasGemm:
+    """``out = a @ b`` of ``problem`` (``lt_problem``'s mapping) by cuBLAS's default
+    algorithm on ``stream``, with ``workspace`` (pointer, bytes) as cuBLAS's workspace."""
+
+    def __init__(self, problem: Problem, dtype: str, stream: int, workspace: tuple[int, int]):
+        self.problem = problem
+        self.type = DATA_TYPE[dtype]
+        self.compute, _, scalar = COMPUTE.get(dtype, COMPUTE_32F)
+        self.stream = stream
+        self.workspace = workspace
+        self._scalars = np.array([1.0, 0.0], dtype=scalar)  # alpha, beta (host memory)
+        self.handle = _blas_handle()
+
+    def run(self, ptrs: tuple[int, ...]) -> None:
+        """``ptrs``: saturn's a, b and out (cuBLAS's b, a and c)."""
+        from nvmath.bindings import cublas
+
+        p, h = self.problem, self.handle
+        cublas.set_stream(h, self.stream)
+        cublas.set_workspace(h, self.workspace[0], self.workspace[1])
+        s = self._scalars.ctypes.data
+        cublas.gemm_strided_batched_ex(
+            h,
+            p.a.op,
+            p.b.op,
+            p.m,
+            p.n,
+            p.k,
+            s,
+            ptrs[1],
+            self.type,
+            p.a.ld,
+            p.a.batch_stride,
+            ptrs[0],
+            self.type,
+            p.b.ld,
+            p.b.batch_stride,
+            s + self._scalars.itemsize,  # beta
+            ptrs[2],
+            self.type,
+            p.d.ld,
+            p.d.batch_stride,
+            p.batch,
+            self.compute,
+            BLAS_DEFAULT_ALGO,
+        )
+
+
+def offer_blas(
+    plan: GemmPlan, ptrs: tuple[int, ...], workspace: tuple[int, int], blas: str = "timed"
+) -> None:
+    """Give a float32 or float64 ``plan`` with no epilogue cuBLAS's own choice where it is
+    faster on these operands (timed against the plan; the answer kept with the other
+    tunings), or as ``blas`` forces (``gemm.BLAS_CHOICES``). A TF32 or split plan, a
+    layout or a call cuBLAS refuses leaves the plan as it is."""
+    if blas not in BLAS_CHOICES:
+        raise GemmError(f"unknown cuBLAS choice {blas!r}; one of {BLAS_CHOICES}")
+    a, b, out, _ = plan.layouts
+    if blas == "never" or plan.epilogue != "none" or plan.precision != "fp32":
+        return
+    try:
+        cand = BlasGemm(lt_problem(a, b, out), out.dtype, plan.stream, workspace)
+    except Exception:  # a layout cuBLAS cannot take, or no handle: cuBLASLt runs it
+        return
+    key = TUNINGS.key(ptrs, "cublas", plan.layouts, plan.precision, plan.candidates)
+    use = True if blas == "always" else TUNINGS.get(key) if plan.autotune else False
+    if not isinstance(use, bool | None):
+        TUNINGS.forget(key)  # a stored choice of another form: timed again
+        use = None
+    if use is None:
+        try:
+            plan.timings["cublas"] = time_on_stream(lambda: cand.run(ptrs), plan.stream, 5)
+        except Exception:  # cuBLAS's status names what it refused: cuBLASLt runs it
+            return
+        plan.timings["cublaslt"] = time_on_stream(lambda: plan.run(ptrs), plan.stream, 5)
+        use = plan.timings["cublas"] < plan.timings["cublaslt"]
+        TUNINGS.put(key, use)
+    if use:
+        plan.blas = cand

@@ -204,7 +204,7 @@ extern "C" __global__ void gelu_tanh_inplace(float* x, long long n) {
 }
 """
 GELU_CHOICES = ("timed", "fused", "separate")
-# whether a product with no epilogue may run by cuBLAS's own choice (``cublas.BlasGemm``):
+# whether a product with no epilogue may run by cuBLAS's own choice (``cublaslt.BlasGemm``):
 # timed against cuBLASLt's plan and kept where faster, never, or always (for tests)
 BLAS_CHOICES = ("timed", "never", "always")
 
@@ -278,23 +278,18 @@ class GemmPlan:
         choose: bool = True,
         gelu: str = "timed",
         candidates: int = CANDIDATES,
-        blas: str = "timed",
-        blas_workspace: tuple[int, int] | None = None,
     ):
         """``alloc(nbytes)``: device memory the plan keeps (an object with ``data_ptr()``),
         needed by ``tf32x3`` for the operands' halves. With ``choose``, a ``tf32x3`` plan is
         timed against the float32 one on the first call's operands and the faster kept
         (both give float32-level results; small products lose to the extra launches).
         ``gelu``: how a float32 ``gelu_bias`` epilogue runs (see the module's docstring).
-        ``blas``: whether a float32 product with no epilogue may run by cuBLAS's own choice
-        instead (``BLAS_CHOICES``), with ``blas_workspace`` (pointer, bytes) as its
-        workspace; without a workspace it does not."""
+        ``cublaslt.offer_blas`` may then give a product with no epilogue cuBLAS's own
+        choice instead (``blas``)."""
         if precision not in PRECISIONS:
             raise GemmError(f"unknown GEMM precision {precision!r}; one of {PRECISIONS}")
         if gelu not in GELU_CHOICES:
             raise GemmError(f"unknown GELU epilogue choice {gelu!r}; one of {GELU_CHOICES}")
-        if blas not in BLAS_CHOICES:
-            raise GemmError(f"unknown cuBLAS choice {blas!r}; one of {BLAS_CHOICES}")
         check_epilogue(epilogue, bias, out)
         for lay in (a, b, out):
             if len(lay.shape) not in (2, 3):
@@ -311,7 +306,7 @@ class GemmPlan:
         self.gelu_separate = False
         self._gelu_out: tuple[int, object] | None = None  # output pointer and its array
         self.splits: tuple[_Split, _Split] | None = None
-        self.blas = None  # a cublas.BlasGemm that runs the product instead, when chosen
+        self.blas = None  # a cublaslt.BlasGemm that runs the product instead (offer_blas)
         if self.precision == "tf32x3":
             if alloc is None:
                 raise GemmError("tf32x3 needs an allocator for the operands' halves")
@@ -340,37 +335,6 @@ class GemmPlan:
                 if self.timings["gelu_fused"] <= self.timings["gelu_separate"]:
                     self.gelu_separate = False
                     self.mms, self.mm, self._ptrs = fused, fused[-1], None
-        if epilogue == "none" and self.precision == "fp32" and blas_workspace is not None:
-            self._choose_blas(ptrs, blas, blas_workspace)
-
-    def _choose_blas(self, ptrs: tuple[int, ...], blas: str, workspace: tuple[int, int]):
-        """Time cuBLAS's own choice against the planned product and keep the faster (or
-        as ``blas`` forces); a layout or call cuBLAS refuses leaves the plan as it is."""
-        from .cublas import BlasGemm
-        from .cublaslt import lt_problem
-
-        if blas == "never":
-            return
-        a, b, out, _ = self.layouts
-        try:
-            cand = BlasGemm(lt_problem(a, b, out), out.dtype, self.stream, workspace)
-        except Exception:  # a layout cuBLAS cannot take, or no handle: cuBLASLt runs it
-            return
-        key = TUNINGS.key(ptrs, "cublas", self.layouts, self.precision, self.candidates)
-        use = True if blas == "always" else TUNINGS.get(key) if self.autotune else False
-        if not isinstance(use, bool | None):
-            TUNINGS.forget(key)  # a stored choice of another form: timed again
-            use = None
-        if use is None:
-            try:
-                self.timings["cublas"] = time_on_stream(lambda: cand.run(ptrs), self.stream, 5)
-            except Exception:  # cuBLAS's status names what it refused: cuBLASLt runs it
-                return
-            self.timings["cublaslt"] = self._time(ptrs)
-            use = self.timings["cublas"] < self.timings["cublaslt"]
-            TUNINGS.put(key, use)
-        if use:
-            self.blas = cand
 
     def _time(self, ptrs: tuple[int, ...], reps: int = 5) -> float:
         return time_on_stream(lambda: self.run(ptrs), self.stream, reps)

@@ -11,7 +11,7 @@ import torch
 
 from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.conv_grad import ConvGradPlan
-from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan
+from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan, offer_blas
 from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
 from saturn.eqsat.kinds import Kind
 from saturn.eqsat.optable import HALVES
@@ -147,7 +147,7 @@ class LibraryPlans:
         ws = (self._lt_workspace.data_ptr(), WORKSPACE_BYTES)
         if key[0].dtype in HALVES:
             return LtPlan(*args, ptrs, self.stream, ws)
-        return GemmPlan(
+        plan = GemmPlan(
             *args,
             ptrs,
             self.stream,
@@ -155,8 +155,9 @@ class LibraryPlans:
             alloc=lambda n: self._workspace(n, keep=False),
             choose=self.choose_precision,
             gelu=self.gelu_epilogue,
-            blas_workspace=ws,
         )
+        offer_blas(plan, ptrs, ws)
+        return plan
 
     def _conv_plan(self, k, key: tuple, ptrs: tuple[int, ...]):
         """The convolution's plan, tuned on this call's operands. With ``tf32x3`` the split

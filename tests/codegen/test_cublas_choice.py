@@ -1,4 +1,4 @@
-"""cuBLAS's own choice as a candidate of a product's plan (``codegen.cublas.BlasGemm``).
+"""cuBLAS's own choice as a candidate of a product's plan (``codegen.cublaslt.BlasGemm``).
 
 Without a GPU: the call's arguments, replayed by a column-major reference of
 ``cublasGemmStridedBatchedEx``, compute the row-major ``a @ b`` for every layout the plans
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from saturn.codegen import cublas as cb
-from saturn.codegen.cublaslt import lt_problem
+from saturn.codegen import cublaslt as cb
+from saturn.codegen.cublaslt import lt_problem, offer_blas
 from saturn.codegen.gemm import GemmError, GemmPlan, Layout
 
 BASE = 1 << 20  # fake pointers: buffer j at j * BASE, plus an offset in elements
@@ -41,7 +41,7 @@ class FakeBlas:
     def gemm_strided_batched_ex(self, h, ta, tb, m, n, k, alpha, a, at, lda, sa, b, bt, ldb,
                                 sb, beta, c, ct, ldc, sc, batch, compute, algo):  # fmt: skip
         self.calls += 1
-        assert algo == cb.DEFAULT_ALGO and at == bt == ct
+        assert algo == cb.BLAS_DEFAULT_ALGO and at == bt == ct
         out = self.bufs[c - c % BASE]
         for i in range(batch):
             prod = self._read(a, ta, m, k, lda, sa, i) @ self._read(b, tb, k, n, ldb, sb, i)
@@ -78,7 +78,7 @@ def test_the_call_computes_the_row_major_product(name, monkeypatch):
     for fn in ("set_stream", "set_workspace"):
         monkeypatch.setattr(cublas, fn, lambda *a: None)
     monkeypatch.setattr(cublas, "gemm_strided_batched_ex", fake.gemm_strided_batched_ex)
-    monkeypatch.setattr(cb, "_handle", lambda: 0)
+    monkeypatch.setattr(cb, "_blas_handle", lambda: 0)
 
     def lay(shape, strides):
         return Layout("f32", shape, strides)
@@ -98,7 +98,43 @@ def test_plans_refuse_an_unknown_choice_before_touching_the_device():
     with pytest.raises(GemmError, match="unknown cuBLAS choice"):
         LtPlan(a, b, out, "none", None, (0, 0, 0), 0, (0, 0), blas="sometimes")
     with pytest.raises(GemmError, match="unknown cuBLAS choice"):
-        GemmPlan(a, b, out, "none", None, (0, 0, 0), 0, blas="sometimes")
+        offer_blas(None, (0, 0, 0), (0, 0), blas="sometimes")
+
+
+@pytest.mark.parametrize(
+    "epilogue, precision, blas, asked",
+    [
+        ("none", "fp32", "timed", True),
+        ("bias", "fp32", "timed", False),  # cuBLAS's classic API has no epilogue
+        ("none", "tf32", "timed", False),  # a TF32 plan: cuBLAS would compute float32
+        ("none", "tf32x3", "timed", False),  # three products and splits
+        ("none", "fp32", "never", False),
+    ],
+)
+def test_offer_blas_declines_what_cublas_does_not_compute_alike(
+    epilogue, precision, blas, asked, monkeypatch
+):
+    """Only a float32 (or float64) plan with no epilogue gets cuBLAS's choice; the others
+    are left as they are before cuBLAS is touched."""
+    import types
+
+    handles = []
+    monkeypatch.setattr(cb, "_blas_handle", lambda: handles.append(1) or 0)
+    monkeypatch.setattr(cb, "time_on_stream", lambda *a: 1.0)  # no device: equal times
+    lay = Layout("f32", (8, 8), (8, 1))
+    plan = types.SimpleNamespace(
+        layouts=(lay, lay, lay, None),
+        epilogue=epilogue,
+        precision=precision,
+        stream=0,
+        candidates=8,
+        autotune=True,
+        timings={},
+        blas=None,
+        run=lambda ptrs: None,
+    )
+    offer_blas(plan, (256, 512, 768), (0, 0), blas)
+    assert bool(handles) == asked and plan.blas is None
 
 
 # --- on a GPU -----------------------------------------------------------------------------
@@ -132,8 +168,8 @@ def plan(kind, dtype, da, db, out, blas):
             p = LtPlan(lay(da), lay(db), lay(out), "none", None, ptrs, stream,
                        (ws.data_ptr(), WORKSPACE_BYTES), blas=blas)  # fmt: skip
         else:
-            p = GemmPlan(lay(da), lay(db), lay(out), "none", None, ptrs, stream, blas=blas,
-                         blas_workspace=(ws.data_ptr(), WORKSPACE_BYTES))  # fmt: skip
+            p = GemmPlan(lay(da), lay(db), lay(out), "none", None, ptrs, stream)
+            offer_blas(p, ptrs, (ws.data_ptr(), WORKSPACE_BYTES), blas)
         out.zero_()
         p.run(ptrs)
     torch.saturn.synchronize(1)
@@ -177,7 +213,7 @@ def test_a_compiled_product_on_cublas_is_captured_and_replayed(dtype, monkeypatc
     from saturn import backend, runner_plans
     from saturn.codegen.cublaslt import LtPlan
 
-    monkeypatch.setattr(runner_plans, "GemmPlan", functools.partial(GemmPlan, blas="always"))
+    monkeypatch.setattr(runner_plans, "offer_blas", functools.partial(offer_blas, blas="always"))
     monkeypatch.setattr(runner_plans, "LtPlan", functools.partial(LtPlan, blas="always"))
     torch.manual_seed(1)
     a, b = torch.randn(3, 64, 48).to(dtype), (torch.randn(48, 40) / 7).to(dtype)
