@@ -41,8 +41,13 @@ class Window:
         return math.prod(self.region)
 
     def fits(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` is laid out as traced with the region inside its storage."""
-        if t.stride() != self.strides:
+        """Whether ``t`` (of the traced shape) is laid out as traced with the region inside
+        its storage. A unit axis's stride is not compared: no element is read along it, and
+        PyTorch gives such axes whatever stride the op that made them computed."""
+        st = t.stride()
+        if len(st) != len(self.strides) or any(
+            n > 1 and a != b for n, a, b in zip(self.shape, st, self.strides, strict=True)
+        ):
             return False
         start = t.storage_offset() - self.rel
         return start >= 0 and (start + self.numel) * t.element_size() <= (

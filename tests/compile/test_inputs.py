@@ -206,6 +206,34 @@ def test_a_slice_is_read_in_its_region_or_copied_where_the_region_leaves_storage
     torch.testing.assert_close(got[0].cpu(), want * 2 + 1)
 
 
+def test_a_window_fits_whatever_its_unit_axes_strides(monkeypatch):
+    """A transposed weight traced with a unit axis (strides (1, 1, 3) for [3, 1, 4]) is
+    read in place when a call's tensor gives that axis another stride (PyTorch's views
+    do): only the axes of more than one element are compared; another stride on a real
+    axis is copied into a region of its own, with the same result."""
+    copies = _counting_copies(monkeypatch)
+    w = torch.randn(4, 1, 3)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: t * 3, backend="saturn", dynamic=False)
+    traced = w.to(DEV).permute(2, 1, 0)  # [3, 1, 4], strides (1, 3, 3)
+    with torch.no_grad():
+        fn(traced)
+    window = last_compiled().recipe.inputs[0].window
+    assert window is not None and copies == []
+    other = torch.as_strided(w.to(DEV), (3, 1, 4), (1, 7, 3))  # the unit axis: stride 7
+    assert other.stride() != window.strides and window.fits(other)
+    with torch.no_grad():
+        got = last_compiled().recipe([other])
+    assert copies == []
+    torch.testing.assert_close(got[0].cpu(), w.permute(2, 1, 0) * 3)
+    wide = torch.randn(4, 1, 6, device=DEV)[:, :, ::2].permute(2, 1, 0)  # (2, ., 6)
+    assert not window.fits(wide)
+    with torch.no_grad():
+        got = last_compiled().recipe([wide])
+    assert copies == [(3, 1, 4)]
+    torch.testing.assert_close(got[0].cpu(), wide.cpu() * 3)
+
+
 def test_windows_declined(monkeypatch):
     """What ``window_of`` declines: a packed tensor, an expanded one (stride 0 over more
     than one element), a region that would leave the storage, and an input the graph
