@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import BLAS_CHOICES, GemmError, GemmPlan, Layout, check_epilogue, time_on_stream
+from .gemm import GemmError, GemmPlan, Layout, check_epilogue, time_on_stream
 from .gemm_tuning import TUNINGS, alignment
 
 # cudaDataType: CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F
@@ -49,6 +49,9 @@ COMPUTE_32F = (68, 0, np.float32)  # every other dtype: COMPUTE_32F, float32 sca
 EPILOGUE_CODE = {"none": 1, "bias": 4, "relu_bias": 6, "gelu_bias": 36}  # cublasLtEpilogue_t
 _N, _T = 0, 1  # cublasOperation_t
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's documentation recommends on Hopper
+# whether a product with no epilogue may run by cuBLAS's own choice (``BlasGemm``): timed
+# against cuBLASLt's plan and kept where faster, never, or always (for tests)
+BLAS_CHOICES = ("timed", "never", "always")
 BLAS_DEFAULT_ALGO = -1  # CUBLAS_GEMM_DEFAULT
 # CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
 BLAS_MATH_MODE = 0 | 16
@@ -165,7 +168,7 @@ class LtPlan:
     ``autotune``, cuBLASLt's heuristic candidates are timed on the first call's operands
     and the fastest kept; a product with no epilogue also times cuBLAS's own choice
     (``BlasGemm``, with the same workspace) as one more candidate (``blas``: one of
-    ``gemm.BLAS_CHOICES``). Pointers less aligned than the planned ones re-plan."""
+    ``BLAS_CHOICES``). Pointers less aligned than the planned ones re-plan."""
 
     def __init__(
         self,
@@ -474,7 +477,7 @@ def offer_blas(
 ) -> None:
     """Give a float32 or float64 ``plan`` with no epilogue cuBLAS's own choice where it is
     faster on these operands (timed against the plan; the answer kept with the other
-    tunings), or as ``blas`` forces (``gemm.BLAS_CHOICES``). A TF32 or split plan, a
+    tunings), or as ``blas`` forces (``BLAS_CHOICES``). A TF32 or split plan, a
     layout or a call cuBLAS refuses leaves the plan as it is."""
     if blas not in BLAS_CHOICES:
         raise GemmError(f"unknown cuBLAS choice {blas!r}; one of {BLAS_CHOICES}")

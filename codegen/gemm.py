@@ -204,9 +204,6 @@ extern "C" __global__ void gelu_tanh_inplace(float* x, long long n) {
 }
 """
 GELU_CHOICES = ("timed", "fused", "separate")
-# whether a product with no epilogue may run by cuBLAS's own choice (``cublaslt.BlasGemm``):
-# timed against cuBLASLt's plan and kept where faster, never, or always (for tests)
-BLAS_CHOICES = ("timed", "never", "always")
 
 
 def _gelu_kernel():

@@ -46,11 +46,10 @@ aten = torch.ops.aten
 # float32 attention whose query or key length is not a multiple of 4, where the H100's
 # training rows were faster with them (DeiT-tiny, 197 tokens: 13.60 against 14.79 ms), and
 # the math elsewhere (512 tokens: DistilBERT 35.04 against 34.97, GPT-NeoX 72.36 against
-# 69.93). The device's choice (``csrc/attention.cpp``) applies the rule; ``KERNELS`` says
-# whether this module's backward may run a kernel once the forward took the fused op.
+# 69.93). The device's choice (``csrc/attention.cpp``) applies the rule; this module's
+# backward runs a kernel, once the forward took the fused op, unless the mode is "math".
 MODES = ("math", "fused", "auto")  # their indices are the device's grad_mode
 MODE = "auto"
-KERNELS = True
 _PLANS: dict[tuple, tuple | str] = {}  # gradient plans and workspaces (cached_plan)
 
 
@@ -80,13 +79,13 @@ def _fold(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
 def set_kernels(mode: str | bool) -> None:
     """How attention with a gradient runs on a GPU (one of ``MODES``; True is "fused",
     False "math"): the device's choice (``csrc/attention.cpp``) and this module's
-    ``KERNELS`` together."""
-    global KERNELS, MODE
+    ``MODE`` together."""
+    global MODE
     if isinstance(mode, bool):
         mode = "fused" if mode else "math"
     if mode not in MODES:
         raise ValueError(f"unknown attention gradient mode {mode!r}; one of {MODES}")
-    MODE, KERNELS = mode, mode != "math"
+    MODE = mode
     torch.ops.saturn_rt.set_attention_grad_mode(MODES.index(mode))
 
 
@@ -228,7 +227,7 @@ sdpa_grad_bias = custom_op(
 def _grad_operands(query, key, value, out, grad_out, attn_bias, dropout_p: float):
     """(q, k, v, out, dO, bias) as the gradient kernel reads them (key and value heads
     expanded, the mask broadcast and packed), or None where it does not run."""
-    if not KERNELS or dropout_p != 0.0 or query.dtype not in KERNEL_DTYPES:
+    if MODE == "math" or dropout_p != 0.0 or query.dtype not in KERNEL_DTYPES:
         return None
     if not on_fused_device(query, key, value, out, grad_out):
         return None
