@@ -11,7 +11,7 @@ compile-time work before spending device time. ``--views`` lists the view steps 
 copy at every call (a reshape whose source it cannot view: ``saturn.view_copies``).
 
     python bench/gpu_plan.py [--dtype float32|bfloat16] [--size tiny|full] [--build]
-        [--kinds] [--views] [--rewrites RULESET ...] [--training] NAME ...
+        [--kinds] [--views] [--list] [--rewrites RULESET ...] [--training] NAME ...
 """
 
 from __future__ import annotations
@@ -118,6 +118,13 @@ def plan(
                 "custom": sum(k.kind == "custom" for k in c.program.kernels),
                 "kinds": Counter(k.kind for k in c.program.kernels),
                 "view_copies": view_copies(c.program),
+                "list": [
+                    f"{k.kind:9} {k.dtype}{list(k.shape)} <- "
+                    + ", ".join(f"{o.dtype}{list(o.shape)}" for o in k.inputs)
+                    + f"  [{' '.join(k.covers[:6])}{' ...' if len(k.covers) > 6 else ''}]"
+                    + (f" fused {len(k.fused)}" if k.fused else "")
+                    for k in c.program.kernels
+                ],
                 "import_s": t_import,
                 "compile_s": compile_s,
             }
@@ -166,6 +173,9 @@ def main() -> None:
     ap.add_argument(
         "--views", action="store_true", help="also list the views that copy at every call"
     )
+    ap.add_argument(
+        "--list", action="store_true", help="also list every kernel: kind, shapes, nodes"
+    )
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
     ap.add_argument(
         "--training",
@@ -191,6 +201,9 @@ def main() -> None:
             )
             if a.kinds:
                 print("  kinds: " + ", ".join(f"{k} {v}" for k, v in p["kinds"].most_common()))
+            if a.list:
+                for line in p["list"]:
+                    print("    " + line)
             if a.views:
                 print(f"  views copying at every call: {len(p['view_copies'])}")
                 for line in p["view_copies"]:

@@ -7,21 +7,22 @@ call, after warm-up (on a GPU machine).
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
 ``--training`` profiles saturn's training step (``bench/zoo_training.py``'s: forward,
-loss, backward, SGD) alone, and times its parts: eager CUDA autograd cannot run beside
-saturn yet (issue 33);
-the zoo's training rows time eager's and Inductor's steps in a process of their own.
+loss, backward, SGD) and times its parts; with ``--inductor``, eager's and Inductor's
+steps first, in a process of their own that never imports saturn (as the zoo's training
+rows time them: decision 0069).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import subprocess
+import sys
 
 import torch
 import zoo  # bench/zoo.py (this script's folder)
 from cupti import print_kernels
-
-import saturn  # noqa: F401
 
 GPU = "saturn:1"
 
@@ -40,6 +41,8 @@ def profile(
 
     def put(dev):
         return tuple(x.to(dev).to(dtype) if x.is_floating_point() else x.to(dev) for x in inputs)
+
+    import saturn  # noqa: F401
 
     with torch.no_grad():
         print(f"== {name} {dtype}: eager", flush=True)
@@ -63,6 +66,8 @@ def profile(
 def profile_training(name: str, dtype: torch.dtype, size: str, top: int) -> None:
     import zoo_training
 
+    import saturn  # noqa: F401
+
     model, inputs = zoo.build(name, size)
     m, xs = zoo.moved(model, inputs, GPU, dtype)
     torch._dynamo.reset()
@@ -72,6 +77,24 @@ def profile_training(name: str, dtype: torch.dtype, size: str, top: int) -> None
     sync = lambda: torch.saturn.synchronize(GPU)  # noqa: E731
     print_kernels(lambda: step(xs), sync, top=top)
     phases(step, xs, sync)
+
+
+def reference_training(name: str, dtype: torch.dtype, size: str, top: int) -> None:
+    """Eager's and Inductor's training steps (the zoo's), in this process: one that has not
+    imported saturn."""
+    import zoo_training
+
+    assert "saturn" not in sys.modules
+    model, inputs = zoo.build(name, size)
+    sync = torch.cuda.synchronize
+    for what, compile in (("eager", None), ("inductor", torch.compile)):
+        torch._dynamo.reset()
+        m, xs = zoo.moved(model, inputs, "cuda", dtype)
+        opt = torch.optim.SGD(m.parameters(), lr=zoo_training.LR)
+        step = zoo_training.Step(m, opt, zoo._first, compile)
+        print(f"== {name} {dtype}: {what}, one training step", flush=True)
+        print_kernels(lambda s=step, x=xs: s(x), sync, top=top)
+        phases(step, xs, sync)
 
 
 def phases(step, xs, sync, repeats: int = 10) -> None:
@@ -110,12 +133,20 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--inductor", action="store_true", help="Inductor's kernels too (default mode)")
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
-    ap.add_argument("--training", action="store_true", help="saturn's training step alone")
+    ap.add_argument("--training", action="store_true", help="saturn's training step")
+    ap.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in a.names:
-        if a.training:
+        if a.reference:
+            reference_training(name, getattr(torch, a.dtype), a.size, a.top)
+        elif a.training:
+            if a.inductor:  # eager's and Inductor's steps: a process without saturn
+                cmd = [sys.executable, __file__, "--reference", "--dtype", a.dtype]
+                cmd += ["--size", a.size, "--top", str(a.top), name]
+                env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+                subprocess.run(cmd, env=env, check=True)
             profile_training(name, getattr(torch, a.dtype), a.size, a.top)
         else:
             profile(name, getattr(torch, a.dtype), a.size, a.top, a.inductor, tuple(a.rewrites))

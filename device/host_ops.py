@@ -99,6 +99,11 @@ ADAPTERS = {
     "Conv2dNoBias": lambda x, w, st, pa, di, g: torch.ops.aten.convolution.default(
         x, w, None, list(st), list(pa), list(di), False, [0, 0], g
     ),
+    # Maximum and Minimum keep their second operand on a tie (their kernels' ``a if a > b
+    # else b``, numpy's maximum): PyTorch's CPU kernels keep the first, so the operands
+    # are swapped and a zero tie (-0.0 against +0.0) comes out the same on every path
+    "Maximum": lambda a, b: torch.maximum(b, a),
+    "Minimum": lambda a, b: torch.minimum(b, a),
     "ConvInputGrad": lambda g, w, shape, st, pa, di, gr: torch.nn.grad.conv2d_input(
         list(shape), w, g, list(st), list(pa), list(di), gr
     ),

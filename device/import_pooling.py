@@ -56,7 +56,8 @@ def _h_max_pool2d(imp: Importer, node: torch.fx.Node):
     the maximum over each window (``_pool_windows``). NaN propagates as in PyTorch's
     pooling; where a window's maximum is a zero held as both -0.0 and +0.0 the sign may
     differ (PyTorch keeps the first; a reduction's order is its own). Overlapping, padded
-    or dilated windows: a maximum of strided slices (``_pool_slices``). With its indices
+    or dilated windows: a maximum of strided slices (``_pool_slices``; PyTorch's bit for
+    bit, both zeros included). With its indices
     read (a training forward's): ``_max_pool_indices``. Ceil mode's last, partial windows
     read -inf past the image's end, which never wins a maximum (every window holds an
     element of the image or of its padding, PyTorch's output size rule)."""
@@ -98,13 +99,14 @@ def _pair(v) -> list[int]:
 def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out, ceil=False):
     """A 2-D pool whose windows overlap, are padded or dilated: the image padded (-inf for
     a max, zeros for an average that counts the padding, as PyTorch's pooling pads), one
-    strided Slice per window position, and the positions folded in row-major order by
-    ``Maximum`` (NaN-propagating) or ``Add`` then divided by the window's size: one fused
-    loop. Floor mode only (every window inside the padded image, so every window holds an
-    element of the image and an average's divisor is the window's size). Where a max
-    window's maximum is a zero held as both -0.0 and +0.0 the sign may differ, as in
-    ``_h_max_pool2d``; an average sums in float32 where PyTorch's CPU kernel sums in
-    float64 (within float32's rounding)."""
+    strided Slice per window position, and the positions folded by ``Maximum``
+    (NaN-propagating; last to first, so a tie keeps the first element, as PyTorch's
+    pooling does) or, in row-major order, ``Add`` then divided by the window's size: one
+    fused loop. Floor
+    mode (and ceil mode for a max): every window inside the padded image, so every window
+    holds an element of the image and an average's divisor is the window's size. An
+    average sums in float32 where PyTorch's CPU kernel sums in float64 (within float32's
+    rounding)."""
     kernel, stride, padding, dilation = map(_pair, (kernel, stride, padding, dilation))
     xn = imp.g.nodes[x]
     dtype = xn.dtype
@@ -144,15 +146,20 @@ def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out
     if len(slices) == 1:  # a 1x1 window: the strided slice itself
         if kind == "max":
             return imp.add(Node(name, "View", (slices[0],), (out,), dtype, out), name)
+    if kind == "max":
+        # last to first: Maximum keeps its second operand on a tie (``op_rows``), so the
+        # first of equal maxima wins, -0.0 and +0.0 alike: PyTorch's pooling, bit for bit
+        # (a NaN's payload aside)
+        slices.reverse()
     acc = slices[0]
     for k, at in enumerate(slices[1:], 2):
         last = kind == "max" and k == len(slices)  # the result itself: no View after it
         node = Node(name if last else imp.fresh("pool"), fold, (acc, at), (), dtype, out)
         acc = imp.add(node, name if last else None)
-    if kind == "avg":
-        size = imp.scalar(float(kh * kw), dtype)
-        return imp.add(Node(name, "Div", (acc, size), (), dtype, out), name)
-    return acc
+    if kind == "max":
+        return acc
+    size = imp.scalar(float(kh * kw), dtype)
+    return imp.add(Node(name, "Div", (acc, size), (), dtype, out), name)
 
 
 def _h_avg_pool2d(imp: Importer, node: torch.fx.Node):
@@ -212,12 +219,18 @@ def _first_inside(start: int, step: int, size: int) -> int | None:
 def _max_pool_indices(
     imp: Importer, node: torch.fx.Node, x: str, kernel, stride, padding, dilation, ceil_mode: bool
 ):
-    """max_pool2d with its indices read (a training forward saves them for the backward):
-    each window folded in PyTorch's order from -inf at its first element inside the image,
-    an element taken where it is greater than the maximum so far or NaN. So the first of
-    equal maxima wins (-0.0 and +0.0 alike) and the last NaN; the maximum is PyTorch's bit
-    for bit, the index the element's position in its image plane (row * W + col). Padding,
-    and ceil mode's windows running past the end, read -inf, which is never taken."""
+    """max_pool2d with its indices read (a training forward saves them for the backward).
+    PyTorch folds each window from -inf at its first element inside the image, taking an
+    element greater than the maximum so far or NaN: the maximum is the inference pool's
+    (``_pool_slices``, bit for bit), and the index, an element's position in its image
+    plane (row * W + col), is where the maximum m is first found, found from m rather than
+    folded beside it: the first element equal to m (ties, -0.0 and +0.0 alike, keep the
+    first), the last NaN where m is NaN, and the window's first element inside the image
+    where m is -inf (nothing is taken; padding reads -inf too, so it is not searched
+    for). Each search is a chain of ``Where`` over the window reading m, the window's
+    elements and one position tensor: one loop beside the maximum's, where a fold that
+    carried both made extraction write every element's comparison to memory (ResNet's
+    stem pool: 17 boolean tensors and 8 partial maxima a step)."""
     xn = imp.g.nodes[x]
     vals = fake_value(node)
     dtype, out = tensor_type(node, vals[0])
@@ -240,35 +253,50 @@ def _max_pool_indices(
     ew = max(0, (kw - 1) * dw + sw * (wo - 1) + 1 - (w + 2 * pw))
     if (eh or ew) and not ceil_mode:
         return None
+    full = (n, c, ho, wo)
+    m = _pool_slices(imp, "max", node.name, x, kernel, stride, padding, dilation, full, ceil_mode)
+    if m is None:
+        return None
     src, pw_ = x, w + 2 * pw + ew
-    if ph or pw or eh or ew:
+    if ph or pw or eh or ew:  # the same pad as the maximum's (one class in the e-graph)
         attrs = ((0, 0, 0, 0, ph, ph + eh, pw, pw + ew), float_bits(float("-inf")))
         padded = (n, c, h + 2 * ph + eh, pw_)
         src = imp.add(Node(imp.fresh("pool_pad"), "Pad", (src,), attrs, dtype, padded))
-    full = (n, c, ho, wo)
-    best = imp.scalar(float("-inf"), dtype)
-    index = _plane_positions(
+    first = _plane_positions(
         imp, _axis(imp, top, sh, ho, inside=dh), _axis(imp, left, sw, wo, inside=dw), w
     )
+    # each window element's position: its window's corner's (row * w + col, negative or
+    # past the row's end for a corner in the padding) plus a constant, exact wherever the
+    # element lies inside the image, the only elements either search can find
+    corner = _plane_positions(imp, _axis(imp, top, sh, ho), _axis(imp, left, sw, wo), w)
+    window = []
     for i in range(kh):
         rows = (2, i * dh, i * dh + sh * (ho - 1) + 1, sh)
         r = imp.add(Node(imp.fresh("pool_rows"), "Slice", (src,), rows, dtype, (n, c, ho, pw_)))
-        rpos = _axis(imp, top + i * dh, sh, ho)
         for j in range(kw):
             cols = (3, j * dw, j * dw + sw * (wo - 1) + 1, sw)
             v = imp.add(Node(imp.fresh("pool_at"), "Slice", (r,), cols, dtype, full))
-            at = _plane_positions(imp, rpos, _axis(imp, left + j * dw, sw, wo), w)
-            for test in ("Gt", "Ne"):  # greater than the maximum so far, then NaN
-                other = best if test == "Gt" else v
-                take = imp.add(Node(imp.fresh("pool_take"), test, (v, other), (), "bool", full))
-                best = imp.add(
-                    Node(imp.fresh("pool_max"), "Where", (take, v, best), (), dtype, full)
-                )
-                index = imp.add(
-                    Node(imp.fresh("pool_idx"), "Where", (take, at, index), (), "i64", full)
-                )
-    imp.results[node.name] = (best, index)
-    return best
+            step = imp.scalar(i * dh * w + j * dw, "i64")
+            at = imp.add(Node(imp.fresh("pool_pos"), "Add", (corner, step), (), "i64", (ho, wo)))
+            window.append((v, at))
+
+    def search(test: str, order, rhs) -> str:
+        index = first
+        for v, at in order:
+            hit = imp.add(Node(imp.fresh("pool_hit"), test, (v, rhs(v)), (), "bool", full))
+            index = imp.add(Node(imp.fresh("pool_idx"), "Where", (hit, at, index), (), "i64", full))
+        return index
+
+    equal = search("Eq", reversed(window), lambda v: m)  # last to first: the first wins
+    nan = search("Ne", window, lambda v: v)  # first to last: the last NaN wins
+    empty = imp.add(
+        Node(imp.fresh("pool_none"), "Eq", (m, imp.scalar(float("-inf"), dtype)), (), "bool", full)
+    )
+    index = imp.add(Node(imp.fresh("pool_idx"), "Where", (empty, first, equal), (), "i64", full))
+    is_nan = imp.add(Node(imp.fresh("pool_nan"), "Ne", (m, m), (), "bool", full))
+    index = imp.add(Node(imp.fresh("pool_idx"), "Where", (is_nan, nan, index), (), "i64", full))
+    imp.results[node.name] = (m, index)
+    return m
 
 
 def _h_max_pool2d_backward(imp: Importer, node: torch.fx.Node):

@@ -238,6 +238,8 @@ OPS: tuple[Op, ...] = (
         aten=("aten.atan2.default",),
         flops=10,
     ),
+    # a tie keeps the second operand on every path (-0.0 against +0.0): the kernels' and
+    # numpy's rule; the host's PyTorch call swaps its operands (``host_ops.ADAPTERS``)
     _ew(
         "Maximum", 2, "max_nan({0}, {1})", _binary(_max), DEVICE_NUMERIC, ("aten.maximum.default",)
     ),

@@ -977,7 +977,8 @@ def run_row_concats() -> int:
 
 def run_pads() -> int:
     """Constant pads: packed and transposed inputs of each element width, fills of each
-    width (-inf, a negative integer, a half's bits, true), against numpy's pad."""
+    width (-inf, a negative integer, a half's bits, true), in 64-bit and 32-bit index
+    arithmetic, against numpy's pad."""
     rng = np.random.default_rng(4)
     failures = 0
     cases = [  # dtype, shape, transposed, pads, fill value
@@ -997,18 +998,19 @@ def run_pads() -> int:
             fill -= 2**64
         want = np.pad(x, [(pads[2 * d], pads[2 * d + 1]) for d in range(x.ndim)],
                       constant_values=np.asarray(value, dtype=dtype))  # fmt: skip
-        out = np.zeros(want.size, dtype=word)
-        g = cg.generate_pad(width, x.ndim)
-        fn = cuda.jit(cg.python_function(g))
-        before = [pads[2 * d] for d in range(x.ndim)]
-        fn[2, 32](
-            out, base_of(x).copy().view(word), want.size, np.int64(fill),
-            *want.shape, *x.shape, *before, *[st // width for st in x.strides],
-        )  # fmt: skip
-        ok = np.array_equal(out.view(dtype).reshape(want.shape), want, equal_nan=True)
-        print(f"{'ok' if ok else 'FAIL'} pad {np.dtype(dtype).name} {shape} t={transposed} "
-              f"{pads} fill={value}")  # fmt: skip
-        failures += not ok
+        for narrow in (False, True):
+            out = np.zeros(want.size, dtype=word)
+            g = cg.generate_pad(width, x.ndim, narrow)
+            fn = cuda.jit(cg.python_function(g))
+            before = [pads[2 * d] for d in range(x.ndim)]
+            fn[2, 32](
+                out, base_of(x).copy().view(word), want.size, np.int64(fill),
+                *want.shape, *x.shape, *before, *[st // width for st in x.strides],
+            )  # fmt: skip
+            ok = np.array_equal(out.view(dtype).reshape(want.shape), want, equal_nan=True)
+            print(f"{'ok' if ok else 'FAIL'} pad {np.dtype(dtype).name} {shape} t={transposed} "
+                  f"{pads} fill={value} narrow={narrow}")  # fmt: skip
+            failures += not ok
     return failures
 
 
