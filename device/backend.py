@@ -32,6 +32,7 @@ from .import_writes import split_input_writes
 from .importer import Imported, UnsupportedError, import_graph
 from .options import Options, options_for_mode, parse
 from .recipe import CompiledCallError, InputSpec, Recipe
+from .saved_bounds import clamp_saved_indices, saved_index_planes
 
 log = logging.getLogger("saturn")
 
@@ -297,8 +298,16 @@ def _log_stages(cg: CompiledGraph) -> None:
         )
 
 
-def _compiler(opts: Options, forward: bool):
+def _compiler(opts: Options, forward: bool, planes: dict[str, int]):
+    """``planes``: the saved max-pool indices of this joint graph's forward (name -> plane
+    size), which its forward compile records and its backward compile clamps (decision
+    0133; one dict per ``saturn_backend`` call)."""
+
     def fw(gm: torch.fx.GraphModule, example_inputs):
+        if forward:
+            planes.update(saved_index_planes(gm))
+        else:  # the same values, bounded: the backward's pool gradient needs no check
+            clamp_saved_indices(gm, planes)
         original = gm
         # a graph's writes to its inputs (kept in the graph, see saturn_backend) become
         # returns the recipe writes back after the call
@@ -377,9 +386,10 @@ def saturn_backend(
         # torch.compile(fullgraph=True): a graph saturn cannot compile raises, as a graph
         # break would (an explicit strict option wins)
         opts = dataclasses.replace(opts, strict=True)
+    planes: dict[str, int] = {}
     compiled = aot_autograd(
-        fw_compiler=_compiler(opts, forward=True),
-        bw_compiler=_compiler(opts, forward=False),
+        fw_compiler=_compiler(opts, forward=True, planes=planes),
+        bw_compiler=_compiler(opts, forward=False, planes=planes),
         decompositions=decompositions.table(),
         # input writes (an optimizer's updates; a training forward's batch-norm
         # statistics) stay in the graph: the recipe makes them, instead of one eager copy

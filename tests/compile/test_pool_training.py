@@ -178,3 +178,70 @@ def test_a_max_pool_whose_window_is_too_large_keeps_its_indices_call():
     (prog,) = _programs("saturn:0")
     hosts = [s.op.split("#")[0] for s in prog.steps if s.kind == "host" and s.op != "Item"]
     assert hosts == ["aten.max_pool2d_with_indices.default"], prog.to_text()
+
+
+def _pool_gradient_adds(prog) -> list:
+    """The program's row adds (the pool gradient's scatter) and whether each is bounded."""
+    from saturn.eqsat.kinds import Kind
+    from saturn.eqsat.ranges import indices_in_range
+
+    return [
+        indices_in_range(prog, s)
+        for s in prog.steps
+        if s.kernel is not None and s.kernel.kind == Kind.SCATTER
+    ]
+
+
+def test_saved_pool_indices_need_no_check_in_the_backward(dev):
+    """Decision 0133: the indices a compiled forward's pool saves are clamped into their
+    plane where its backward reads them (the same values): the backward's row add is
+    bounded, so no error word is read back after the call (which waits for the device),
+    and the gradient is eager's."""
+    x = _input(POOLS["resnet-stem"][5], torch.float32)
+    x = torch.nan_to_num(x, nan=0.5, neginf=-3.0)
+    torch.manual_seed(1)
+    weight = torch.randn_like(_pool(x, "resnet-stem")[0])
+
+    def loss(t, wt):
+        return (_pool(t.relu(), "resnet-stem")[0] * wt).sum()
+
+    want = x.clone().requires_grad_()
+    loss(want, weight).backward()
+    got = x.to(dev).requires_grad_()
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    torch.compile(loss, backend="saturn", options={"device": dev})(got, weight.to(dev)).backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-6, atol=1e-6)
+    _, backward = _programs(dev)
+    assert _pool_gradient_adds(backward) == [True], backward.to_text()
+    runner = getattr(
+        next(g.recipe for g in backend.CACHE.items.values() if g.compiled.program is backward),
+        "runner",
+        None,
+    )
+    if runner is not None:  # a GPU's: the call stays asynchronous
+        assert not runner._unbounded_indices
+
+
+def test_pool_gradient_of_other_indices_is_checked(dev):
+    """Indices that are not a compiled forward's saved ones (a direct call of the pool's
+    backward) keep the row add's check: an index past the input fails the compiled call
+    (which then runs PyTorch's op, as a failed call does)."""
+    x = torch.randn(1, 1, 4, 4)
+    grad = torch.ones(1, 1, 2, 2)
+    op = torch.ops.aten.max_pool2d_with_indices_backward.default
+
+    def f(g, t, idx):
+        return op(g, t, [2, 2], [2, 2], [0, 0], [1, 1], False, idx)
+
+    torch._dynamo.reset()
+    backend.CACHE.clear()
+    g = torch.compile(f, backend="saturn", options={"device": dev})
+    ok = torch.tensor([[[[0, 3], [9, 15]]]])
+    torch.testing.assert_close(g(grad.to(dev), x.to(dev), ok.to(dev)).cpu(), f(grad, x, ok))
+    (prog,) = _programs(dev)
+    assert _pool_gradient_adds(prog) == [False], prog.to_text()
+    bad = torch.tensor([[[[0, 3], [9, 16]]]])  # past the input's last element
+    failed = len(backend.CACHE.failed_calls)
+    g(grad.to(dev), x.to(dev), bad.to(dev))  # PyTorch's CPU op does not raise: its result
+    assert "out of" in " ".join(backend.CACHE.failed_calls[failed:])  # the check fired
