@@ -24,9 +24,15 @@ bool half_type(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; 
 // run cuBLAS's unaligned kernels (decision 0132); the math elsewhere
 std::atomic<int> grad_mode{2};
 
-// a float32 attention whose query or key length is not a multiple of four floats
+// a float32 attention whose query or key length is not a multiple of four floats. A
+// symbolic length (dynamo's dynamic shapes) counts as aligned, with no guard on it: a guard
+// on its remainder made every fourth length a graph of its own, and the fused op's
+// backward does not compile over symbolic lengths yet (it ran uncompiled)
 bool unaligned_rows(const at::Tensor& q, const at::Tensor& k) {
-  return q.sym_size(2) % 4 != 0 || k.sym_size(2) % 4 != 0;
+  const auto sq = q.sym_size(2).maybe_as_int();
+  const auto sk = k.sym_size(2).maybe_as_int();
+  if (!sq.has_value() || !sk.has_value()) return false;
+  return *sq % 4 != 0 || *sk % 4 != 0;
 }
 
 int64_t sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
