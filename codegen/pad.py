@@ -70,6 +70,17 @@ def generate_pad(width: int, rank: int, narrow: bool = False) -> Generated:
     return Generated(fn, movement_module(body), params, [t, t], "copy")
 
 
+def fits_32(shape, strides, pads) -> bool:
+    """Whether a pad of ``shape`` (source ``strides``, in elements) by ``pads`` indexes
+    below 2^31 everywhere: the output's elements, the source's span, and each coordinate
+    and padding (a coordinate less its padding stays below the output's extent)."""
+    out = [v + pads[2 * d] + pads[2 * d + 1] for d, v in enumerate(shape)]
+    before = pads[0::2]
+    return fits_narrow(math.prod(out), shape, strides) and all(
+        0 <= v < INDEX32 for v in (*out, *before)
+    )
+
+
 class PadKernel:
     """Constant pads for one element width and rank (see ``pad_source``), in 32-bit index
     arithmetic where every index of the call fits. ``fill``: the constant's bits as an
@@ -79,23 +90,24 @@ class PadKernel:
         self.rank = rank
         self.wide = FlatKernel(generate_pad(width, rank), cc)
         self.narrow = FlatKernel(generate_pad(width, rank, narrow=True), cc)
+        self._chosen: dict[tuple, tuple] = {}  # per operand layout: (kernel, n, ints)
 
     def launch(self, stream: int, ptrs: tuple[int, int], x: tuple, pads, fill: int) -> None:
         """``ptrs``: out, x; ``x``: (shape, strides) in elements; ``pads``: (before, after)
         per axis, axis 0 first."""
-        shape, strides = x
-        if len(shape) != self.rank or len(pads) != 2 * self.rank:
-            raise KernelError(f"pad kernel {self.wide.g.name} got {list(shape)} and {pads}")
-        before = [pads[2 * d] for d in range(self.rank)]
-        out = [n + pads[2 * d] + pads[2 * d + 1] for d, n in enumerate(shape)]
-        n = math.prod(out)
-        ints = [n, fill, *out, *shape, *before, *strides]
-        # every coordinate and offset below 2^31: the output's (n), the source's span,
-        # and the pads (a coordinate less its padding stays below the output's extent)
-        fits = fits_narrow(n, shape, strides) and all(0 <= v < INDEX32 for v in out + before)
-        (self.narrow if fits else self.wide)._launch(
-            stream, ptrs, (x, tuple(pads), fill), lambda: (n, ints)
-        )
+        key = (x, tuple(pads), fill)
+        plan = self._chosen.get(key)
+        if plan is None:
+            shape, strides = x
+            if len(shape) != self.rank or len(pads) != 2 * self.rank:
+                raise KernelError(f"pad kernel {self.wide.g.name} got {list(shape)} and {pads}")
+            before = [pads[2 * d] for d in range(self.rank)]
+            out = [v + pads[2 * d] + pads[2 * d + 1] for d, v in enumerate(shape)]
+            n = math.prod(out)
+            kernel = self.narrow if fits_32(shape, strides, pads) else self.wide
+            plan = self._chosen[key] = (kernel, n, [n, fill, *out, *shape, *before, *strides])
+        kernel, n, ints = plan
+        kernel._launch(stream, ptrs, key, lambda: (n, ints))
 
 
 def fill_word(value_bits: int, dtype: str) -> int:
@@ -135,8 +147,7 @@ class PadLauncher:
         # the variant a packed operand of the traced shape takes (a first call builds it)
         shape = tuple(x.shape)
         packed = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-        out = [v + self.pads[2 * d] + self.pads[2 * d + 1] for d, v in enumerate(shape)]
-        fits = fits_narrow(math.prod(out), shape, packed) and max(out, default=0) < INDEX32
+        fits = fits_32(shape, packed, self.pads)
         self.traced = self.kernel.narrow if fits else self.kernel.wide
 
     def expected(self) -> list[Generated]:

@@ -102,11 +102,10 @@ def _pool_slices(imp, kind: str, name, x, kernel, stride, padding, dilation, out
     strided Slice per window position, and the positions folded by ``Maximum``
     (NaN-propagating; last to first, so a tie keeps the first element, as PyTorch's
     pooling does) or, in row-major order, ``Add`` then divided by the window's size: one
-    fused loop. Floor
-    mode (and ceil mode for a max): every window inside the padded image, so every window
-    holds an element of the image and an average's divisor is the window's size. An
-    average sums in float32 where PyTorch's CPU kernel sums in float64 (within float32's
-    rounding)."""
+    fused loop. Floor mode (and ceil mode for a max): every window inside the padded
+    image, so every window holds an element of the image and an average's divisor is the
+    window's size. An average sums in float32 where PyTorch's CPU kernel sums in float64
+    (within float32's rounding)."""
     kernel, stride, padding, dilation = map(_pair, (kernel, stride, padding, dilation))
     xn = imp.g.nodes[x]
     dtype = xn.dtype

@@ -27,21 +27,10 @@ def saved_index_planes(gm: torch.fx.GraphModule) -> dict[str, int]:
     (H * W of the pooled input; an index is a position in it)."""
     out: dict[str, int] = {}
     for node in gm.graph.find_nodes(op="output"):
-        for arg in _flat(node.args):
+        for arg in node.all_input_nodes:
             plane = _pool_index_plane(arg)
             if plane is not None:
                 out[arg.name] = plane
-    return out
-
-
-def _flat(a) -> list:
-    stack, out = [a], []
-    while stack:
-        x = stack.pop()
-        if isinstance(x, tuple | list):
-            stack.extend(x)
-        elif isinstance(x, torch.fx.Node):
-            out.append(x)
     return out
 
 

@@ -8,7 +8,7 @@ import torch
 
 from saturn import gpu_runner, recipe
 from saturn.codegen import launchers
-from saturn.codegen.pad import fill_word
+from saturn.codegen.pad import fill_word, fits_32
 from saturn.eqsat.graph import float_bits
 from saturn.eqsat.kinds import SPECS, Kind
 
@@ -146,6 +146,10 @@ def test_codegens_launchers_pass_each_kernel_its_operands_as_they_lie():
     la = launchers.launcher(k, cc)
     # the traced layout's indices fit 32 bits: the narrow variant is the one built first
     assert isinstance(la, PadLauncher) and la.expected() == [la.kernel.narrow.g]
+    # past 2^31 elements (or a span, or a pad, that large): the 64-bit variant
+    assert fits_32((2, 3), (3, 1), (0, 0, 1, 1))
+    assert not fits_32((2**16, 2**15), (2**15, 1), (0, 0, 0, 0))
+    assert not fits_32((2, 3), (3, 1), (0, 0, 2**31, 0))
     assert la.fill == 0xFC00  # float16's -inf
     la.kernel = rec = _Recorder()
     out = torch.zeros(2, 5)
