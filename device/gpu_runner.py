@@ -33,7 +33,6 @@ import logging
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 from saturn.codegen import cuda as cg
@@ -51,7 +50,7 @@ from .host_ops import run_host
 from .profiling import step_range
 from .runner_lending import Lending
 from .runner_plans import LibraryPlans, layout
-from .runner_replay import Replay
+from .runner_replay import Replay, WordCheck
 from .steps import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
@@ -78,8 +77,11 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         # row takes and row adds raise a device word on an index out of range, read after
         # every call
         self.err_word: torch.Tensor | None = None
-        self._err_host = np.zeros(1, dtype=np.int32)
         self._unbounded_indices = False  # a take or add whose index the compiler cannot bound
+        # the last step that may set the word: the call copies the word to pinned host
+        # memory and records an event right after it, and waits for that event alone
+        self._word_step: str | None = None
+        self._word: WordCheck | None = None
         with torch.saturn.device(self.device):
             self.kernels: dict[str, cg.CudaKernel] = {}
             for s in prog.steps:
@@ -151,6 +153,8 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 self.buffers[v] = raw.view(TORCH_DTYPES[s.dtype]).view(s.shape)
             if self.fused_takes or self.indexing:  # set on an index out of range
                 self.err_word = torch.zeros(1, dtype=torch.int32, device=self.device)
+            if self._unbounded_indices:
+                self._word = WordCheck(self.stream)
             self.consts = {
                 s.output: const_tensor(s).to(self.device if s.place == "device" else "cpu")
                 for s in prog.steps
@@ -205,6 +209,8 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 with step_range(s, self.r._labels):
                     self._kernel(s, env)
                 env[s.output] = self.buffers[s.output]
+                if s.output == self._word_step:
+                    self._word.post(self.err_word.data_ptr())
             else:  # crossings and host steps (never captured: see _not_capturable)
                 with step_range(s, self.r._labels):
                     env[s.output] = self.r._step(s, env, stats)
@@ -282,24 +288,27 @@ class GpuRunner(LibraryPlans, Lending, Replay):
 
     def _check_indices(self) -> None:
         """Raise if a row take met an index out of range in this call (its kernel wrote
-        zeros there and read nothing): the error word is copied to the host after the
-        call's work, which waits for it (4 bytes; programs whose takes all read constant
-        indices in range skip this, and so stay asynchronous)."""
+        zeros there and read nothing). The word was copied to the host right after the
+        last step that may set it (``_word_step``): the host waits for that copy alone,
+        while the rest of the call's work goes on (a language model's embedding is its
+        forward's first kernel). Programs whose takes all read indices the compiler bounds
+        skip this, and stay asynchronous."""
         if not self._unbounded_indices:
             return
-        drv = _driver()
-        word = self.err_word.data_ptr()
-        self._check(
-            drv.cuMemcpyDtoHAsync(self._err_host.ctypes.data, word, 4, self.stream),
-            "cuMemcpyDtoHAsync",
-        )
-        self._check(drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        if self._err_host[0]:
-            self._err_host[0] = 0
-            self._check(drv.cuMemsetD32Async(word, 0, 1, self.stream), "cuMemsetD32Async")
+        if self._word.wait():
+            self._check(
+                _driver().cuMemsetD32Async(self.err_word.data_ptr(), 0, 1, self.stream),
+                "cuMemsetD32Async",
+            )
             kinds = self.indexing | ({Kind.GATHER} if self.fused_takes else set())
             where = [spec(k).index_error for k in Kind if k in kinds]  # in the kinds' order
             raise IndexError(f"saturn: index out of range in {' or '.join(where)}")
+
+    def _note_indices(self, s: Step) -> None:
+        """Keep the check for ``s``'s indices where the compiler cannot bound them."""
+        if not indices_in_range(self.r.program, s):
+            self._unbounded_indices = True
+            self._word_step = s.output  # steps are built in program order: the last one
 
     # what a launcher of codegen's may ask of its caller (codegen.launchers.LaunchContext)
 
@@ -382,7 +391,7 @@ def _build_body(r: GpuRunner, s: Step, cc) -> None:
     r.kernels[s.output] = cg.CudaKernel(s.kernel, cc)
     if "take" in s.kernel.attrs:  # a row take read inside (fuse_row_takes)
         r.fused_takes += 1
-        r._unbounded_indices |= not indices_in_range(r.r.program, s)
+        r._note_indices(s)
 
 
 @LAUNCH.on(Kind.LOOP, Kind.REDUCE, Kind.ROWS)
@@ -422,7 +431,7 @@ def _build_emitted(r: GpuRunner, s: Step, cc) -> None:
     r.launchers[s.output] = launcher(s.kernel, cc)
     if facts(s.kernel.kind).indices:
         r.indexing.add(s.kernel.kind)
-        r._unbounded_indices |= not indices_in_range(r.r.program, s)
+        r._note_indices(s)
 
 
 @LAUNCH.on(*emitted_kinds())

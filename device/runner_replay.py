@@ -186,3 +186,52 @@ def _handle_of(obj) -> int:
     from cuda.bindings.utils import get_cuda_native_handle
 
     return int(get_cuda_native_handle(obj))
+
+
+class WordCheck:
+    """The error word's copy in pinned host memory, made on the stream right after the
+    last step that may set the word, and an event recorded after the copy (an external
+    event node when captured, so every replay records it again). Waiting for that event
+    waits for the steps up to there, not for the whole call."""
+
+    def __init__(self, stream: int):
+        drv = _driver()
+        self.stream = stream
+        err, self.host = drv.cuMemHostAlloc(4, drv.CU_MEMHOSTALLOC_PORTABLE)
+        Replay._check((err,), "cuMemHostAlloc")
+        self.value = (ctypes.c_int32 * 1).from_address(int(self.host))
+        self.value[0] = 0
+        flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        err, self.event = drv.cuEventCreate(flags)
+        Replay._check((err,), "cuEventCreate")
+        self.recorded = False
+
+    def post(self, word: int) -> None:
+        drv = _driver()
+        Replay._check(
+            drv.cuMemcpyDtoHAsync(int(self.host), word, 4, self.stream), "cuMemcpyDtoHAsync"
+        )
+        external = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
+        Replay._check(
+            drv.cuEventRecordWithFlags(self.event, self.stream, external),
+            "cuEventRecordWithFlags",
+        )
+        self.recorded = True
+
+    def wait(self) -> bool:
+        """Whether the word was set in the call just launched (then read as clear again)."""
+        if not self.recorded:  # no step reached it (a call that failed before)
+            return False
+        Replay._check(_driver().cuEventSynchronize(self.event), "cuEventSynchronize")
+        if not self.value[0]:
+            return False
+        self.value[0] = 0
+        return True
+
+    def __del__(self) -> None:
+        try:
+            drv = _driver()
+            drv.cuEventDestroy(self.event)
+            drv.cuMemFreeHost(self.host)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass

@@ -324,6 +324,36 @@ def test_a_take_read_inside_a_layer_norm_matches_and_raises_under_replay(dtype):
     torch.testing.assert_close(cf(*args).cpu(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.gpu
+def test_the_index_check_waits_for_the_take_not_the_call():
+    """The error word is copied to the host right after the last step that may set it
+    (the embedding, a forward's first kernel), and the call waits for that copy alone, not
+    for the product and the work after it: the check is placed there, fires through the
+    replayed graph on an id out of range, and good ids work again after."""
+    t = torch.randn(50, 64, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
+
+    def f(t, i, w):
+        x = torch.nn.functional.embedding(i, t)
+        return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (64,)) @ w).sum(-1)
+
+    good = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(4))
+    args = [t.to(GPU), good.to(GPU), w.to(GPU)]
+    cf, recipe = compile_gpu(f, *args)
+    prog, runner = recipe.program, recipe.runner
+    kernels = [s.output for s in prog.steps if s.kind == "kernel"]
+    assert host_ops(prog) == [] and runner._unbounded_indices, prog.to_text()
+    assert runner._word_step == kernels[0] and len(kernels) > 1, prog.to_text()
+    want = f(t, good, w)
+    for _ in range(3):
+        torch.testing.assert_close(cf(*args).cpu(), want, rtol=1e-5, atol=1e-4)
+    assert runner.replays >= 1
+    args[1].copy_(good.masked_fill(good == good[1, 2], 50))
+    raises_as_eager(cf, recipe, f, args)
+    args[1].copy_(good)
+    torch.testing.assert_close(cf(*args).cpu(), want, rtol=1e-5, atol=1e-4)
+
+
 FLIPS = {  # (function, shape); axes of one element do not move
     "last axis": (lambda x: x.flip(-1) * 2, (3, 5)),
     "first axis": (lambda x: x.flip(0) + 1, (4, 3, 2)),
