@@ -73,7 +73,7 @@ def nhwc_ordered(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> boo
     return all(a > b for a, b in itertools.pairwise(st))
 
 
-class _Layouts:
+class Layouts:
     """The element strides of every value, as the program lays them out (packed kernel
     outputs and inputs, views of them), built step by step; None where unknown."""
 
@@ -114,7 +114,7 @@ class _Layouts:
 def channels_last(prog: Program) -> Program:
     """Half convolutions in NHWC memory and the loops and pads around them (module
     docstring)."""
-    lay = _Layouts()
+    lay = Layouts()
     out: list[Step] = []
     changed = False
 
@@ -211,7 +211,7 @@ def _rest(o: Operand) -> tuple:
     return (o.dtype, o.shape, o.indexing)
 
 
-def _reads_fixed(s: Step, lay: _Layouts, view, packed) -> Step:
+def _reads_fixed(s: Step, lay: Layouts, view, packed) -> Step:
     """Kernel step ``s``, not relaid itself, reading each operand as it now lies: an
     operand read as packed ("same", or a broadcast by its flat index) that lies in NHWC
     memory now is read through its strides by a loop, and through a packed copy by any
@@ -254,7 +254,7 @@ def _half_dense_conv(k: Kernel) -> bool:
     )
 
 
-def _to_nhwc(conv: Kernel, image_is_input: bool, lay: _Layouts) -> bool:
+def _to_nhwc(conv: Kernel, image_is_input: bool, lay: Layouts) -> bool:
     """Whether a convolution goes channels-last: a dense half one whose image is a program
     input or lies NHWC, a grouped one (``_half_grouped_conv``) whose image lies NHWC."""
     x = conv.inputs[0]
@@ -287,7 +287,7 @@ def _half_grouped_conv(k: Kernel) -> bool:
 CAT_NHWC = (0, 3, 4, 1, 2)
 
 
-def _loop_order(k: Kernel, lay: _Layouts) -> tuple[int, ...] | None:
+def _loop_order(k: Kernel, lay: Layouts) -> tuple[int, ...] | None:
     """The memory order a loop runs over where its full-size operands (at least one) all
     lie in it: NHWC for a rank-4 loop, [N, H, W, P, C] for a rank-5 channel concatenation
     (``CAT_NHWC``; an axis an operand broadcasts, the piece axis of each piece, aside).
@@ -324,7 +324,7 @@ def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _operand_in_nhwc(o: Operand, dom, lay: _Layouts, view, place: str, order=NHWC) -> Operand:
+def _operand_in_nhwc(o: Operand, dom, lay: Layouts, view, place: str, order=NHWC) -> Operand:
     """How the loop over the domain permuted by ``order`` reads operand ``o``."""
     fine = _permuted(dom, order)
     if o.indexing == "scalar":

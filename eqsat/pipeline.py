@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .channels_last import channels_last
+from .copied_views import write_through_copies
 from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, infer_placement, infer_types, program_cost
@@ -114,7 +115,8 @@ def compile_graph(
     program = lower(graph, view, best, types, place, roots, io_on_device)
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
-        program = merge_concats(inline_through_reshapes(channels_last(program)))
+        program = inline_through_reshapes(channels_last(program))
+        program = merge_concats(write_through_copies(program))
     # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)

@@ -11,7 +11,7 @@ import pytest
 
 from saturn.eqsat import evaluate as ev
 from saturn.eqsat import pipeline
-from saturn.eqsat.channels_last import _Layouts, nhwc_ordered, packed_like
+from saturn.eqsat.channels_last import Layouts, nhwc_ordered, packed_like
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.pipeline import compile_graph
 
@@ -56,7 +56,7 @@ def reads_as_laid_out(prog) -> None:
     """Every kernel operand read by its flat index (anything but "strided") lies packed:
     the values the evaluator compares cannot show a kernel reading NHWC memory as NCHW
     (numpy arrays carry their strides; a GPU kernel reading "same" does not)."""
-    lay = _Layouts()
+    lay = Layouts()
     for s in prog.steps:
         for o in s.kernel.inputs if s.kernel is not None else ():
             if o.indexing not in ("strided", "scalar"):
