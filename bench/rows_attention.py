@@ -51,6 +51,10 @@ def saturn_ms(text: str, operands: list[torch.Tensor], stream, cache: int):
     return events_ms(launch, stream, REPEATS), out, how
 
 
+def grad(p, g):
+    return p * (g - (g * p).sum(-1, keepdim=True))
+
+
 def main() -> None:
     torch.manual_seed(0)
     stream = torch.cuda.ExternalStream(torch.saturn.stream_handle(GPU), device="cuda:0")
@@ -76,14 +80,13 @@ def main() -> None:
         p = torch.randn(shape, device="cuda").softmax(-1)
         g = torch.randn(shape, device="cuda")
 
-        def grad(p, g):
-            return p * (g - (g * p).sum(-1, keepdim=True))
-
         want = grad(p, g)
         ind = torch.compile(grad)
         name = f"backward S={n} f32"
-        rows.append((f"{name} eager", events_ms(lambda: grad(p, g), here, REPEATS), ""))
-        rows.append((f"{name} inductor", events_ms(lambda f=ind: f(p, g), here, REPEATS), ""))
+        rows.append((f"{name} eager", events_ms(lambda p=p, g=g: grad(p, g), here, REPEATS), ""))
+        rows.append(
+            (f"{name} inductor", events_ms(lambda f=ind, p=p, g=g: f(p, g), here, REPEATS), "")
+        )
         text = (
             f"(input p f32 [{dims}])\n(input g f32 [{dims}])\n"
             "(let r (Mul p (Sub g (Sum (Mul g p) [3] 1))))\n(output r)\n"
