@@ -158,11 +158,11 @@ def channels_last(prog: Program) -> Program:
                 Operand(w, k.dtype, k.inputs[1].shape, "strided"),
                 *k.inputs[2:],
             ]
-            _relaid(s, k, ops, {**k.attrs, "channels_last": True}, emit)
+            relaid_step(s, k, ops, {**k.attrs, "channels_last": True}, emit)
             changed = True
         elif k is not None and k.kind == Kind.LOOP and (order := _loop_order(k, lay)):
-            ops = [_operand_in_nhwc(o, k.domain, lay, view, s.place, order) for o in k.inputs]
-            _relaid(s, k, ops, dict(k.attrs), emit, order)
+            ops = [operand_in_order(o, k.domain, lay, view, s.place, order) for o in k.inputs]
+            relaid_step(s, k, ops, dict(k.attrs), emit, order)
             changed = True
         elif (
             k is not None
@@ -175,7 +175,7 @@ def channels_last(prog: Program) -> Program:
             o = k.inputs[0]
             src = view(o.value, "Permute", (NHWC,), o.dtype, _permuted(o.shape, NHWC), s.place)
             ops = [Operand(src, o.dtype, _permuted(o.shape, NHWC), "strided")]
-            _relaid(s, k, ops, spec.permuted(k.attrs, NHWC), emit)
+            relaid_step(s, k, ops, spec.permuted(k.attrs, NHWC), emit)
             changed = True
         else:
             if s.kernel is not None:
@@ -324,7 +324,7 @@ def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _operand_in_nhwc(o: Operand, dom, lay: Layouts, view, place: str, order=NHWC) -> Operand:
+def operand_in_order(o: Operand, dom, lay: Layouts, view, place: str, order=NHWC) -> Operand:
     """How the loop over the domain permuted by ``order`` reads operand ``o``."""
     fine = _permuted(dom, order)
     if o.indexing == "scalar":
@@ -346,7 +346,7 @@ def _operand_in_nhwc(o: Operand, dom, lay: Layouts, view, place: str, order=NHWC
     return Operand(name, o.dtype, shape, how)
 
 
-def _relaid(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit, order=NHWC) -> None:
+def relaid_step(s: Step, k: Kernel, ops: list[Operand], attrs: dict, emit, order=NHWC) -> None:
     """Step ``s`` writing memory in ``order`` (NHWC): the kernel over the permuted shape (a
     convolution is still handed NCHW extents, over this memory: ``channels_last``), then
     the permuted view back to ``s``'s shape under ``s``'s name."""

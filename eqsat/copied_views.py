@@ -21,9 +21,10 @@ expand or a slice, is left alone.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
-from .channels_last import Layouts, packed_like
+from .channels_last import Layouts, operand_in_order, packed_like, relaid_step
 from .kernel_fusion import _users
 from .kinds import Kind
 from .program import (
@@ -62,6 +63,10 @@ def write_through_copies(prog: Program) -> Program:
         if steps is not None:
             plans[loop.output] = steps
             gone |= {v.output for v in chain} | {s.output}
+            continue
+        steps = _permuted(loop, chain, s, lay)
+        if steps is not None:  # the views stay: they now view the permuted loop's memory
+            plans[loop.output] = steps
     if not plans:
         return prog
     out: list[Step] = []
@@ -166,3 +171,60 @@ def _rewritten(loop: Step, chain: list[Step], s: Step, lay: Layouts) -> list[Ste
         name = view(name, "Permute", (inverse,), k.dtype, shape)
     steps.append(replace(s, args=(name,)))
     return steps
+
+
+MAX_PERMUTED_RANK = 6  # the orders tried: (rank - 1)! (the last axis stays last)
+
+
+def _permuted(loop: Step, chain: list[Step], s: Step, lay: Layouts) -> list[Step] | None:
+    """The loop over its own domain permuted (its last axis kept last) so that the chain
+    and the reshape view what it writes: the order of fewest swapped pairs that does, as
+    ``channels_last`` relays a loop (operands read through the permute, a permuted view
+    back under the loop's name); None where no order does. What this takes that
+    ``_rewritten`` cannot: a concatenation loop (GPT-NeoX's gradient of its fused query,
+    key and value), whose pieces broadcast along the axis the chain merges away."""
+    k = loop.kernel
+    dom = tuple(k.domain)
+    rank = len(dom)
+    if not 2 < rank <= MAX_PERMUTED_RANK:
+        return None
+    best: tuple[int, tuple[int, ...]] | None = None
+    for rest in itertools.permutations(range(rank - 1)):
+        order = (*rest, rank - 1)
+        swaps = sum(a > b for a, b in itertools.combinations(order, 2))
+        if swaps and (best is None or swaps < best[0]) and _views_all(order, loop, chain, s):
+            best = (swaps, order)
+    if best is None:
+        return None
+    order = best[1]
+    steps: list[Step] = []
+
+    def emit(step: Step) -> None:
+        steps.append(step)
+        lay.add(step)
+
+    def view(src: str, op: str, attrs: tuple, dtype: str, shape, place: str) -> str:
+        name = f"{loop.output}_{op.lower()}{len(steps)}"
+        emit(Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(shape), place))
+        return name
+
+    ops = [operand_in_order(o, dom, lay, view, loop.place, order) for o in k.inputs]
+    relaid_step(loop, k, ops, dict(k.attrs), emit, order)
+    return steps
+
+
+def _views_all(order: tuple[int, ...], loop: Step, chain: list[Step], s: Step) -> bool:
+    """Whether every view of the chain and the reshape ``s`` view the loop's memory when
+    the loop writes it packed in ``order``."""
+    dom = tuple(loop.kernel.domain)
+    packed = packed_strides(tuple(dom[a] for a in order))
+    strides = [0] * len(dom)
+    for i, a in enumerate(order):
+        strides[a] = packed[i]
+    sim = Layouts()
+    sim.shapes[loop.output], sim.strides[loop.output] = dom, tuple(strides)
+    for v in [*chain, s]:
+        sim.add(v)
+        if sim.strides[v.output] is None:
+            return False
+    return True

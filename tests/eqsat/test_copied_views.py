@@ -118,3 +118,26 @@ def test_the_cpu_reference_program_is_left_as_lowered():
     (k,) = loops(prog)
     assert k.domain == (2, 4, 16)
     check_values(graph, prog)
+
+
+def test_a_concatenation_of_gradients_runs_over_its_permuted_domain():
+    """GPT-NeoX's backward joins the query's, key's and value's gradients [B, H, S, D] on a
+    new axis and merges them to [B * S, H * 3 * D] for its fused projection's product: the
+    pieces cannot be read through the merge, so the join runs over [B, S, H, 3, D] (its
+    last axis kept last) and the views after it view its memory."""
+    text = (
+        "(input a f32 [2 2 4 8])\n(input b f32 [2 2 4 8])\n(input c f32 [2 2 4 8])\n"
+        "(input w f32 [48 5])\n"
+        "(let at (View (Arange 0 1 3 i64) [1 1 1 3 1]))\n"
+        "(let pa (Expand (View a [2 2 4 1 8]) [2 2 4 3 8]))\n"
+        "(let pb (Expand (View b [2 2 4 1 8]) [2 2 4 3 8]))\n"
+        "(let pc (Expand (View c [2 2 4 1 8]) [2 2 4 3 8]))\n"
+        "(let j (Where (Eq at (Scalar 0 i64)) pa (Where (Eq at (Scalar 1 i64)) pb pc)))\n"
+        "(let t (View (Permute (View j [2 2 4 24]) [0 2 1 3]) [8 48]))\n"
+        "(let p (MatMul t w))\n(output p)\n"
+    )
+    graph, prog = program(text)
+    assert copying_views(prog) == [], prog.to_text()
+    (k,) = [k for k in loops(prog) if len(k.domain) == 5]
+    assert k.domain == (2, 4, 2, 3, 8)
+    check_values(graph, prog)
