@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import torch
 from kernel_speed import events_ms  # beside this file
+from rows_short import kernel_ms
 
 import saturn  # noqa: F401
-from saturn.codegen import cuda as cg
 from saturn.codegen import cuda_rows
-from saturn.eqsat.graph import parse_graph
-from saturn.eqsat.pipeline import compile_graph
 
 GPU = "saturn:1"
 REPEATS = 50
@@ -32,23 +30,10 @@ TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 def saturn_ms(text: str, operands: list[torch.Tensor], stream, cache: int):
     """(device ms, output, what the kernel did) of the graph's one rows kernel."""
     cuda_rows.ROW_CACHE_BYTES = cache
-    prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
-    (k,) = prog.kernels
-    with torch.saturn.device(GPU):
-        kern = cg.CudaKernel(k, torch.saturn.get_device_capability(GPU))
-    out = torch.empty(k.shape, dtype=operands[0].dtype, device=GPU)
-    sh = torch.saturn.stream_handle(GPU)
-    ptrs = [t.data_ptr() for t in operands]
-    shapes = [tuple(t.shape) for t in operands]
-    strides = [t.stride() for t in operands]
-
-    def launch():
-        kern.launch(sh, out.data_ptr(), ptrs, shapes, strides)
-
+    t, out, kern, k = kernel_ms(text, operands, stream, REPEATS)
     kept = cuda_rows.row_cache(k, kern.g.row_threads, kern.g.lanes)
     how = f"{kern.g.row_threads} threads a row, {kern.g.lanes} lanes, "
-    how += "kept" if kept else "re-read"
-    return events_ms(launch, stream, REPEATS), out, how
+    return t, out, how + ("kept" if kept else "re-read")
 
 
 def grad(p, g):

@@ -50,10 +50,10 @@ def swin_graph(dt: str, windows: int, images: int, heads: int, n: int) -> str:
     )
 
 
-def saturn_ms(text: str, operands: list[torch.Tensor], stream, variant: tuple[int, bool]):
-    """(device ms, output, lanes a row, kept) of the graph's one rows kernel under a variant
-    of VARIANTS; ``operands``: the kernel's operands as views of saturn tensors, in order."""
-    cuda_rows.ROW_SEGMENT_STEPS, cuda_rows.ROW_SEGMENT_KEEP = variant
+def kernel_ms(text: str, operands: list[torch.Tensor], stream, repeats: int = REPEATS):
+    """(device ms, output, the CUDA kernel, its program's kernel) of the graph's one kernel
+    launched directly on saturn's stream; ``operands``: the kernel's operands as views of
+    saturn tensors, in order."""
     prog = compile_graph(parse_graph(text), machine="gpu", io_on_device=True).program
     (k,) = prog.kernels
     with torch.saturn.device(GPU):
@@ -67,8 +67,16 @@ def saturn_ms(text: str, operands: list[torch.Tensor], stream, variant: tuple[in
     def launch():
         kern.launch(sh, out.data_ptr(), ptrs, shapes, strides)
 
+    return events_ms(launch, stream, repeats), out, kern, k
+
+
+def saturn_ms(text: str, operands: list[torch.Tensor], stream, variant: tuple[int, bool]):
+    """(device ms, output, lanes a row, kept) of the graph's one rows kernel under a variant
+    of VARIANTS; ``operands``: the kernel's operands as views of saturn tensors, in order."""
+    cuda_rows.ROW_SEGMENT_STEPS, cuda_rows.ROW_SEGMENT_KEEP = variant
+    t, out, kern, k = kernel_ms(text, operands, stream)
     kept = "kept" if cuda_rows.row_cache(k, kern.g.row_threads, kern.g.lanes) else "re-read"
-    return events_ms(launch, stream, REPEATS), out, kern.g.row_threads, kept
+    return t, out, kern.g.row_threads, kept
 
 
 def main() -> None:

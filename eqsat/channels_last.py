@@ -111,21 +111,34 @@ class Layouts:
             self.strides[s.output] = None
 
 
+class Emitter:
+    """Steps appended to ``out`` and laid out in ``lay`` as they come, and views named
+    after ``prefix`` (their source where none) and their position, so none is named twice
+    before the program is renumbered."""
+
+    def __init__(self, lay: Layouts, out: list[Step], prefix: str | None = None):
+        self.lay, self.out, self.prefix = lay, out, prefix
+
+    def emit(self, s: Step) -> None:
+        self.out.append(s)
+        self.lay.add(s)
+
+    def view(self, src: str, op: str, attrs: tuple, dtype: str, shape, place: str) -> str:
+        name = f"{self.prefix or src}_{op.lower()}{len(self.out)}"
+        self.emit(Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(shape), place))
+        return name
+
+    def helpers(self):
+        return self.emit, self.view
+
+
 def channels_last(prog: Program) -> Program:
     """Half convolutions in NHWC memory and the loops and pads around them (module
     docstring)."""
     lay = Layouts()
     out: list[Step] = []
     changed = False
-
-    def emit(s: Step) -> None:
-        out.append(s)
-        lay.add(s)
-
-    def view(src: str, op: str, attrs: tuple, dtype: str, shape, place: str) -> str:
-        name = f"{src}_{op.lower()}{len(out)}"
-        emit(Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(shape), place))
-        return name
+    emit, view = Emitter(lay, out).helpers()
 
     def packed(v: str, dtype: str, shape, place: str) -> str:
         """A packed copy of ``v``."""

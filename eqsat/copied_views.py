@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from .channels_last import Layouts, operand_in_order, packed_like, relaid_step
+from .channels_last import Emitter, Layouts, operand_in_order, packed_like, relaid_step
 from .kernel_fusion import _users
 from .kinds import Kind
 from .program import (
@@ -198,16 +198,7 @@ def _permuted(loop: Step, chain: list[Step], s: Step, lay: Layouts) -> list[Step
         return None
     order = best[1]
     steps: list[Step] = []
-
-    def emit(step: Step) -> None:
-        steps.append(step)
-        lay.add(step)
-
-    def view(src: str, op: str, attrs: tuple, dtype: str, shape, place: str) -> str:
-        name = f"{loop.output}_{op.lower()}{len(steps)}"
-        emit(Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(shape), place))
-        return name
-
+    emit, view = Emitter(lay, steps, loop.output).helpers()
     ops = [operand_in_order(o, dom, lay, view, loop.place, order) for o in k.inputs]
     relaid_step(loop, k, ops, dict(k.attrs), emit, order)
     return steps
