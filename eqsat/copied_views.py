@@ -126,18 +126,13 @@ def _rewritten(loop: Step, chain: list[Step], s: Step, lay: Layouts) -> list[Ste
         return None
     order = tuple([i for i in range(len(shape)) if i != inner] + [inner])
     dom = tuple(shape[i] for i in order)
-    inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
-    back = tuple(packed_strides(dom)[inverse[i]] for i in range(len(shape)))
-    if view_strides(shape, back, tuple(s.shape)) is None:
+    if view_strides(shape, _laid_out(shape, order), tuple(s.shape)) is None:
         return None
     steps: list[Step] = []
+    emit, emitted_view = Emitter(lay, steps, loop.output).helpers()
 
     def view(src: str, op: str, attrs: tuple, dtype: str, to) -> str:
-        name = f"{loop.output}_{op.lower()}{len(steps)}"
-        step = Step(StepKind.VIEW, name, op, (src,), attrs, dtype, tuple(to), loop.place)
-        steps.append(step)
-        lay.add(step)
-        return name
+        return emitted_view(src, op, attrs, dtype, to, loop.place)
 
     domain = tuple(k.domain)
     ops = []
@@ -165,9 +160,9 @@ def _rewritten(loop: Step, chain: list[Step], s: Step, lay: Layouts) -> list[Ste
     args = tuple(o.value for o in ops)
     run = Step(StepKind.KERNEL, name, loop.op, args, loop.attrs, k.dtype, dom, loop.place, kernel)
     run.covers = list(loop.covers)
-    steps.append(run)
-    lay.add(run)
+    emit(run)
     if order != tuple(range(len(order))):
+        inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
         name = view(name, "Permute", (inverse,), k.dtype, shape)
     steps.append(replace(s, args=(name,)))
     return steps
@@ -208,14 +203,19 @@ def _views_all(order: tuple[int, ...], loop: Step, chain: list[Step], s: Step) -
     """Whether every view of the chain and the reshape ``s`` view the loop's memory when
     the loop writes it packed in ``order``."""
     dom = tuple(loop.kernel.domain)
-    packed = packed_strides(tuple(dom[a] for a in order))
-    strides = [0] * len(dom)
-    for i, a in enumerate(order):
-        strides[a] = packed[i]
     sim = Layouts()
-    sim.shapes[loop.output], sim.strides[loop.output] = dom, tuple(strides)
+    sim.shapes[loop.output], sim.strides[loop.output] = dom, _laid_out(dom, order)
     for v in [*chain, s]:
         sim.add(v)
         if sim.strides[v.output] is None:
             return False
     return True
+
+
+def _laid_out(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of ``shape`` whose memory is packed with its axes in ``order``."""
+    packed = packed_strides(tuple(shape[a] for a in order))
+    strides = [0] * len(shape)
+    for i, a in enumerate(order):
+        strides[a] = packed[i]
+    return tuple(strides)
