@@ -194,7 +194,8 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_ops_named(k)}{_digest(k, lanes, narrow)}"
-    dtypes = [k.dtype, *(o.dtype for o in k.inputs)]
+    stats = [t for _, t in k.attrs.get("stats", ())]  # a rows kernel's statistics
+    dtypes = [k.dtype, *(o.dtype for o in k.inputs), *stats]
     bad = [d for d in dtypes if d not in MEMORY_TYPE]
     if bad:
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
@@ -224,6 +225,7 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
     ptypes = [MEMORY_TYPE[k.dtype], *(MEMORY_TYPE[o.dtype] for o in k.inputs)]
     if "err" in params.pointers:  # a fused take's error word
         ptypes.append("int32")
+    ptypes += [MEMORY_TYPE[t] for t in stats]
     width = rows_threads(k, lanes) if k.kind == Kind.ROWS else 32
     threads = width if style == "rows-block" else THREADS
     if lanes == 1:
@@ -294,7 +296,7 @@ def _casts_to_half(k: Kernel) -> bool:
             return True
         return any(walk(c) for c in e[1:] if isinstance(c, tuple))
 
-    exprs = [k.body, k.epilogue]
+    exprs = [k.body, k.epilogue, *(e for e, _ in k.attrs.get("stats", ()))]
     for st in k.stages:
         exprs += [st.body, st.epilogue]
     return any(walk(e) for e in exprs if e is not None)
@@ -500,11 +502,13 @@ class CudaKernel:
         strides: list[tuple[int, ...]],
         workspace=None,
         err_ptr: int | None = None,
+        stat_ptrs: tuple[int, ...] = (),
     ) -> None:
         """Launch on ``stream``. ``workspace(nbytes)`` gives the address of device memory
         the kernel may use for the launch (a split reduction's partials), the same memory
         at every call for a graph that replays. ``err_ptr``: the error word a rows kernel
-        with a fused take sets on an index out of range."""
+        with a fused take sets on an index out of range. ``stat_ptrs``: where a rows
+        kernel writes its statistics (``kinds/row_stat.py``), one per statistic."""
         from cuda.core import launch
 
         if self.split is not None:
@@ -517,6 +521,12 @@ class CudaKernel:
             if err_ptr is None:
                 raise KernelError("a rows kernel with a fused take needs an error word")
             ptrs.append(err_ptr)
+        if len(stat_ptrs) != len(self.k.attrs.get("stats", ())):
+            raise KernelError(
+                f"a rows kernel writing {len(self.k.attrs.get('stats', ()))} statistics "
+                f"was given {len(stat_ptrs)} places for them"
+            )
+        ptrs += stat_ptrs
         key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
         g, kernel = self.variant(ptrs, key=key)
         config, ints = self.plan(shapes, strides, g, key)

@@ -141,8 +141,14 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
     ind = "            "
     ints = _operand_reads(k, "j", rank, dnames, ind)[1]  # the int params every read uses
     take = k.attrs.get("take")
+    stats = k.attrs.get("stats", ())  # per-row values written beside the output
     params = Params(
-        ["out", *[f"in{i}" for i in range(len(k.inputs))], *(["err"] if take else [])],
+        [
+            "out",
+            *[f"in{i}" for i in range(len(k.inputs))],
+            *(["err"] if take else []),
+            *[f"stat{j}" for j in range(len(stats))],
+        ],
         ["outer", "red", *(dnames if uses_shape else []), *ints, *(["rows"] if take else [])],
     )
     width = rows_threads(k, lanes)  # threads sharing a row
@@ -325,6 +331,7 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
             lines += ["        " + b for b in w.lines]
         lines.append(f"        st{j} = {NUMBA_TYPE[st.dtype]}({value})")
         stage_vars.append((f"st{j}", st.dtype))
+    lines += _stat_stores(stats, stage_vars, first, width)
 
     def store(_, results):
         if lanes > 1:
@@ -336,6 +343,22 @@ def rows_source(k: Kernel, fn: str, lanes: int = 1) -> tuple[str, Params]:
 
     lines += passes(stored_body(k.body, k.dtype), "", store, set())
     return lane.source() + "\n".join(lines), params
+
+
+def _stat_stores(stats: tuple, stage_vars: list, first: str, width: int) -> list[str]:
+    """The row's statistics (``kinds/row_stat.py``: an expression over the stages and its
+    dtype each), computed from the stages every thread of the row holds and stored by the
+    row's first thread at the row's index (a statistic has one value per row, in order)."""
+    if not stats:
+        return []
+    owner = f"{first} == 0" + (" and live" if width < 32 else "")
+    lines = [f"        if {owner}:"]
+    for j, (e, dtype) in enumerate(stats):
+        w = BodyWriter(lambda i: "", lambda i, t=dtype: t, f"t{j}", stage_vars.__getitem__)
+        value, _ = w.emit(e)
+        lines += ["            " + b for b in w.lines]
+        lines.append(f"            stat{j}[row] = {store_expr(dtype, value)}")
+    return lines
 
 
 def _take_head(k: Kernel, take: tuple[int, int], first: str) -> list[str]:

@@ -73,6 +73,9 @@ class GpuRunner(LibraryPlans, Lending, Replay):
         self.fused_takes = 0  # rows kernels that read a take's rows themselves
         # step -> the launcher of a kind codegen launches itself (codegen/launchers.py)
         self.launchers: dict[str, Launcher] = {}
+        # rows step -> the values of its statistics in order (kinds/row_stat.py), whose
+        # buffers it writes beside its output
+        self.stats: dict[str, list[str]] = {}
         self.indexing: set[str] = set()  # kinds of those that set the error word
         # row takes and row adds raise a device word on an index out of range, read after
         # every call
@@ -409,7 +412,21 @@ def _launch_body(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tenso
         [tuple(t.stride()) for t in ops],
         workspace=lambda n: r._kernel_workspace(s.output, n),
         err_ptr=r.err_word.data_ptr() if "take" in k.attrs else None,
+        stat_ptrs=tuple(r.buffers[v].data_ptr() for v in r.stats.get(s.output, ())),
     )
+
+
+@BUILD.on(Kind.ROW_STAT)
+def _build_row_stat(r: GpuRunner, s: Step, cc) -> None:
+    written = r.stats.setdefault(s.kernel.inputs[0].value, [])
+    if s.kernel.attrs["stat"] != len(written):  # fuse_rows puts them after it in order
+        raise ValueError(f"row statistic {s.output} is out of its rows kernel's order")
+    written.append(s.output)
+
+
+@LAUNCH.on(Kind.ROW_STAT)
+def _launch_row_stat(r: GpuRunner, s: Step, out: torch.Tensor, ops: list[torch.Tensor]) -> None:
+    pass  # its rows kernel, the step before, wrote it (passed ``r.stats``)
 
 
 @BUILD.on(Kind.CUSTOM)

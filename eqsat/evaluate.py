@@ -13,7 +13,7 @@ import numpy as np
 
 from . import optable as ot
 from .graph import Graph
-from .kinds import BY_KIND, KindTable
+from .kinds import BY_KIND, KindTable, facts, spec
 from .numpy_ops import apply_op, conv2d, eval_expr, np_dtype, reduce, scalar
 from .program import Program, StepKind
 
@@ -36,6 +36,7 @@ def eval_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     env: dict[str, np.ndarray] = {}
+    beside: dict[str, list[np.ndarray]] = {}  # kernel -> the values it wrote beside its output
     by_input = {v: k for k, v in prog.inputs.items()}
     for s in prog.steps:
         if s.kind == StepKind.INPUT:
@@ -48,8 +49,14 @@ def eval_program(prog: Program, inputs: dict[str, np.ndarray]) -> list[np.ndarra
             env[s.output] = env[s.args[0]].copy()
         elif s.kind in (StepKind.HOST, StepKind.VIEW):
             env[s.output] = apply_op(s.op, [env[a] for a in s.args], s.attrs, s.dtype)
+        elif s.kind == StepKind.KERNEL and facts(s.kernel.kind).side:  # its writer's
+            env[s.output] = REFERENCE[s.kernel.kind](s.kernel, beside[s.kernel.inputs[0].value])
         elif s.kind == StepKind.KERNEL:
-            env[s.output] = run_kernel(s, [env[o.value] for o in s.kernel.inputs])
+            operands = [env[o.value] for o in s.kernel.inputs]
+            env[s.output] = run_kernel(s, operands)
+            also = spec(s.kernel.kind).side_values
+            if also is not None:
+                beside[s.output] = also(s.kernel, _right_aligned(s.kernel, operands))
     return [env[o] for o in prog.outputs]
 
 

@@ -17,13 +17,11 @@ from .kinds import Kind
 from .program import (
     MAX_CONCAT,
     ROW_FLOATS,
-    ROWS_MAX,
     TAKE_TABLES,
     Expr,
     Kernel,
     Operand,
     Program,
-    Stage,
     Step,
     StepKind,
     renumber,
@@ -208,74 +206,6 @@ def _remap(e: Expr, table: dict[int, Expr]) -> Expr:
     return (e[0], *(_remap(c, table) for c in e[1:]))
 
 
-def _row_stage(s: Step | None, domain: tuple[int, ...]) -> bool:
-    """Whether ``s`` is a reduction a rows kernel over ``domain`` can compute: along the
-    last axis only, kept as a size-1 axis, float accumulation."""
-    k = s.kernel if s is not None else None
-    return (
-        k is not None
-        and k.kind == Kind.REDUCE
-        and tuple(k.domain) == domain
-        and list(k.attrs["dims"]) == [len(domain) - 1]
-        and k.attrs["keepdim"] == 1
-        and k.attrs.get("acc_dtype", k.dtype) in ROW_FLOATS
-        and k.dtype in ROW_FLOATS
-    )
-
-
-def _rows_step(s: Step, order: list[Step]) -> Step:
-    """The rows kernel computing loop step ``s`` with the reductions ``order`` as stages."""
-    k = s.kernel
-    stage_of = {st.output: j for j, st in enumerate(order)}
-    operands: list[Operand] = []
-    slot: dict[str, int] = {}
-
-    def table(kern: Kernel) -> dict[int, Expr]:
-        t = {}
-        for i, o in enumerate(kern.inputs):
-            if o.value in stage_of:
-                t[i] = ("stage", stage_of[o.value])
-                continue
-            if o.value not in slot:
-                slot[o.value] = len(operands)
-                operands.append(Operand(o.value, o.dtype, o.shape, o.indexing))
-            t[i] = ("in", slot[o.value])
-        return t
-
-    stages, inside = [], list(k.fused)
-    for st in order:
-        r = st.kernel
-        acc = r.attrs.get("acc_dtype", r.dtype)
-        stages.append(Stage(r.attrs["reduce"], _remap(r.body, table(r)), r.epilogue, acc, r.dtype))
-        inside += r.covers + r.fused
-    body = _remap(k.body, table(k))
-    rows = Kernel(
-        Kind.ROWS,
-        s.output,
-        k.dtype,
-        k.shape,
-        operands,
-        body,
-        k.domain,
-        {},  # the stages reduce the domain's last axis
-        list(k.covers),
-        inside,
-        stages=stages,
-    )
-    args = tuple(o.value for o in operands)
-    return Step(
-        StepKind.KERNEL,
-        s.output,
-        Kind.ROWS,
-        args,
-        dtype=s.dtype,
-        shape=s.shape,
-        place=s.place,
-        kernel=rows,
-        covers=rows.covers,
-    )
-
-
 def _users(prog: Program) -> dict[str, set[str]]:
     """value -> the steps that read it."""
     users: dict[str, set[str]] = {}
@@ -283,58 +213,6 @@ def _users(prog: Program) -> dict[str, set[str]]:
         for v in s.args:
             users.setdefault(v, set()).add(s.output)
     return users
-
-
-def fuse_rows(prog: Program) -> Program:
-    """Merge a loop with the last-axis reductions it reads per row (softmax's max and sum,
-    layer norm's mean and variance) into one ``rows`` kernel: a warp or a block takes a row,
-    computes the reductions in order and then the loop's body, so the row is read from memory once
-    and the reduced values never are. Exact: each reduction runs the same scalar body over
-    the same elements and combines them in one of the orders a reduction kernel may use;
-    the loop then reads those values. A reduction joins only when everything that reads it
-    is in the group (it would otherwise still be written for the others) and when it is
-    not an output. Special values take the same path as in separate kernels (max and min
-    propagate NaN; sums of infinities give what the same additions give). Float stages
-    only: integer reductions keep their own kernels, which widen as PyTorch does. GPU
-    programs only (the CPU emitter has no rows kernel)."""
-    users = _users(prog)
-    outputs = set(prog.outputs)
-    by_output = {s.output: s for s in prog.steps}
-    position = {s.output: i for i, s in enumerate(prog.steps)}
-    gone: set[str] = set()
-    fused: dict[str, Step] = {}
-    for s in prog.steps:
-        k = s.kernel
-        if k is None or k.kind != Kind.LOOP or not k.domain or k.domain[-1] > ROWS_MAX:
-            continue
-        dom = tuple(k.domain)
-        group: set[str] = set()
-        todo = [o.value for o in k.inputs if o.indexing == "leading"]
-        while todo:
-            v = todo.pop()
-            r = by_output.get(v)
-            if v in group or v in gone or not _row_stage(r, dom):
-                continue
-            group.add(v)
-            todo += [o.value for o in r.kernel.inputs if o.indexing == "leading"]
-        changed = True
-        while changed:  # drop reductions read from outside the group
-            changed = False
-            for v in sorted(group):
-                if v in outputs or not users.get(v, set()) <= group | {s.output}:
-                    group.discard(v)
-                    changed = True
-        if not group:
-            continue
-        order = [by_output[v] for v in sorted(group, key=position.__getitem__)]
-        fused[s.output] = _rows_step(s, order)
-        gone |= group
-    if not fused:
-        return prog
-    steps = [fused.get(s.output, s) for s in prog.steps if s.output not in gone]
-    out = renumber(Program(steps, prog.outputs, prog.inputs))
-    validate(out)
-    return out
 
 
 def inline_row_producers(prog: Program) -> Program:

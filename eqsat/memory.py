@@ -3,7 +3,8 @@ arena, so a call's device work can be captured as a CUDA graph and replayed.
 
 Live ranges run from the step that writes a value to the last step that reads it (a view
 reads through to the value it views, so it extends that value's range; program outputs live
-to the end). Buffers are placed greedily, largest first, at the lowest offset that does not
+to the end; a rows kernel's statistic, ``kinds/row_stat.py``, lives from its rows kernel's
+step). Buffers are placed greedily, largest first, at the lowest offset that does not
 overlap a placed buffer whose range meets theirs: no two live values share a byte.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .kinds import facts
 from .optable import ITEMSIZE
 from .program import Program, StepKind
 
@@ -64,6 +66,8 @@ def plan_memory(program: Program) -> MemoryPlan:
         if s.kind == StepKind.KERNEL:
             first[s.output] = last[s.output] = i
             size[s.output] = nbytes(s.dtype, s.shape)
+            if facts(s.kernel.kind).side:  # written by the kernel it reads, from that step on
+                first[s.output] = first[s.kernel.inputs[0].value]
         elif s.kind == StepKind.VIEW and s.args and s.args[0] in root | first.keys():
             root[s.output] = root.get(s.args[0], s.args[0])
         for a in s.args:

@@ -15,18 +15,13 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, infer_placement, infer_types, program_cost
 from .graph import Graph
-from .kernel_fusion import (
-    fuse_row_takes,
-    fuse_rows,
-    inline_row_producers,
-    merge_concats,
-    reuse_written,
-)
+from .kernel_fusion import fuse_row_takes, inline_row_producers, merge_concats, reuse_written
 from .lowering import lower
 from .materialise import extract_shared
 from .ownership import OutputOwnership, output_ownership
 from .program import Program
 from .reshape_fusion import inline_through_reshapes
+from .rows_fusion import fuse_rows
 from .schema import half_facts
 
 

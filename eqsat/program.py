@@ -131,8 +131,12 @@ def format_step(s: Step) -> str:
         k = s.kernel
         ins = ", ".join(f"in{i}={o.value}/{o.indexing}" for i, o in enumerate(k.inputs))
         attrs = "".join(
-            f" {a}={fmt_attr_value(v)}" for a, v in sorted(k.attrs.items()) if a != "acc_dtype"
+            f" {a}={fmt_attr_value(v)}"
+            for a, v in sorted(k.attrs.items())
+            if a not in ("acc_dtype", "stats")
         )
+        if k.attrs.get("stats"):  # a rows kernel's statistics (kinds/row_stat.py)
+            attrs += f" stats [{'; '.join(f'{format_expr(e)}:{t}' for e, t in k.attrs['stats'])}]"
         body = f" body {format_expr(k.body)}" if k.body is not None else ""
         if k.epilogue is not None:
             body += f" then {format_expr(k.epilogue).replace('in0', 'acc')}"

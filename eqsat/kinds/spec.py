@@ -27,6 +27,10 @@ class KindFacts:
     # reads rows of its first operand at its second (an index that may be out of range:
     # checked on the device, unless ranges.indices_in_range proves it in range)
     indices: bool = False
+    # a value another kernel writes beside its own output (a rows kernel's per-row
+    # statistic, ``kinds/row_stat.py``): its step marks where the value is ready, and no
+    # interpreter launches or computes it on its own
+    side: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,13 @@ class KindSpec:
     # classes, attrs)`` makes a kernel reading its operands through strides; None for the
     # body kinds, whose bodies kernel_bodies.py lowers
     lower: Callable | None = None
-    # the numpy reference: (kernel, operand arrays) -> output array
+    # the numpy reference: (kernel, operand arrays) -> output array; for a ``side`` kind,
+    # (kernel, the values its writer wrote beside its output) -> its value
     reference: Callable | None = None
+    # the values a kernel of this kind writes beside its output, as the reference computes
+    # them: (kernel, operand arrays) -> arrays (a rows kernel's statistics, read by the
+    # ``side`` steps after it)
+    side_values: Callable | None = None
     # saturn:0 through the host's ops: (kernel, operands, run) -> output, ``run(op name,
     # operands, attrs)`` running an op of the table on the host; None where saturn:0's
     # step loop has a runner of its own (bodies, libraries, custom ops)

@@ -154,6 +154,18 @@ GRAPHS = {
     "(output r)",
     "rows_layer_norm": "(input x f32 [6 70])\n(param w f32 [70])\n(param b f32 [70])\n"
     "(let r (LayerNorm x w b [1] 1e-05))\n(output r)",
+    # a training layer norm (as the importer writes one): its mean and reciprocal deviation
+    # written by the rows kernel as statistics, one of them computed from a stage
+    "rows_layer_norm_stats": "(input x f32 [6 70])\n(param w f32 [70])\n"
+    "(param b f32 [70])\n(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n"
+    "(let v (Var x [1] 0 1))\n(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)",
+    # by blocks, over finite values (a row of 1100 of the inputs' special values would
+    # hold a NaN, and so would every statistic)
+    "rows_block_layer_norm_stats": "(input i f32 [2 1100])\n(param w f32 [1100])\n"
+    "(param b f32 [1100])\n"
+    "(let x (Where (Eq i i) (Tanh i) (Expand (Scalar 0.0 f32) [2 1100])))\n"
+    "(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n"
+    "(let v (Var x [1] 0 1))\n(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)",
     "rows_softmax_f64": "(input x f64 [2 3 45])\n(let r (Softmax x 2))\n(output r)",
     "rows_log_softmax": "(input x f32 [5 64])\n(let r (LogSoftmax x 1))\n(output r)",
     # vector rows (4 lanes): a bias read per lane next to packed rows, rows of 3 steps
@@ -253,8 +265,15 @@ def run_kernel(step, arrays, narrow: bool = False, err: np.ndarray | None = None
         flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy())
     if "err" in g.params.pointers:  # a fused take's error word
         flats.append(err if err is not None else np.zeros(1, dtype=np.int32))
-    fn[blocks, threads](out, *flats, *[sizes[n] for n in g.params.ints])
+    stats = [  # a rows kernel's statistics (kinds/row_stat.py): one value per row, poisoned
+        np.full(sizes["outer"], np.nan, dtype=ev.np_dtype(t)) for _, t in k.attrs.get("stats", ())
+    ]
+    fn[blocks, threads](out, *flats, *stats, *[sizes[n] for n in g.params.ints])
+    WRITTEN[step.output] = stats
     return out.reshape(step.shape)
+
+
+WRITTEN: dict[str, list] = {}  # rows step -> the statistics its last run wrote
 
 
 def run_split(step, arrays, chunks: int = 3, narrow: bool = False):
@@ -1339,6 +1358,9 @@ def run_steps(prog, inputs: dict, run, name: str) -> dict:
     for s in prog.steps:
         if s.kind == "input":
             env[s.output] = inputs[by_input[s.output]]
+        elif s.kind == "kernel" and s.kernel.kind == "row_stat":  # its rows kernel wrote it
+            env[s.output] = WRITTEN[s.kernel.inputs[0].value][s.kernel.attrs["stat"]]
+            env[s.output] = env[s.output].reshape(s.shape)
         elif s.kind == "kernel":
             env[s.output] = run(s, [env[o.value] for o in s.kernel.inputs])
         elif s.kind == "view":

@@ -49,21 +49,81 @@ def test_cpu_reference_programs_keep_separate_reductions():
     assert "rows" not in kinds(prog) and "reduce" in kinds(prog)
 
 
-def test_declines_when_the_reduction_is_an_output():
+def test_a_reduction_that_is_an_output_is_written_by_the_rows_kernel():
+    """The row max is also an output: the rows kernel writes it as a statistic (its stage's
+    value, one per row) instead of leaving the max to a kernel of its own."""
     graph, prog = program(
         "(input x f32 [6 40])\n(let m (Amax x [1] 1))\n(let r (Exp (Sub x m)))\n(output r m)\n"
     )
-    assert kinds(prog) == ["reduce", "loop"]
+    assert kinds(prog) == ["rows", "row_stat"], prog.to_text()
+    rows, stat = prog.kernels
+    assert rows.attrs["stats"] == ((("stage", 0), "f32"),)
+    assert stat.inputs[0].value == rows.output and stat.attrs["stat"] == 0
     check_values(graph, prog)
 
 
-def test_declines_when_another_kernel_reads_the_reduction():
-    # the row mean feeds two loops that both stay (two outputs): it must be written once
+def test_a_reduction_another_kernel_reads_later_is_written_once_by_the_rows_kernel():
+    # the row mean feeds two loops that both stay (two outputs): the first is a rows
+    # kernel, which writes the mean for the second to read
     graph, prog = program(
         "(input x f32 [6 40])\n(let m (Mean x [1] 1))\n(let a (Sub x m))\n"
         "(let b (Mul (Exp x) m))\n(output a b)\n"
     )
-    assert "rows" not in kinds(prog), prog.to_text()
+    assert kinds(prog) == ["rows", "row_stat", "loop"], prog.to_text()
+    _, stat, loop = prog.kernels
+    assert stat.output in [o.value for o in loop.inputs]
+    check_values(graph, prog)
+
+
+def test_declines_when_a_step_before_the_loop_reads_the_reduction():
+    """The row max's column maximum is computed before the loop (which reads it): a
+    statistic is ready only after the rows kernel, so the max keeps its own kernel."""
+    graph, prog = program(
+        "(input x f32 [6 40])\n(let m (Amax x [1] 1))\n(let c (Amax m [0] 1))\n"
+        "(let r (Exp (Sub (Sub x m) c)))\n(output r)\n"
+    )
+    assert "rows" not in kinds(prog) and "row_stat" not in kinds(prog), prog.to_text()
+    check_values(graph, prog)
+
+
+# a training layer norm as the importer writes one: the norm, and its mean and reciprocal
+# deviation (outputs the backward reads)
+TRAINING_NORM = (
+    "(input x f32 [6 40])\n(param w f32 [40])\n(param b f32 [40])\n"
+    "(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n(let v (Var x [1] 0 1))\n"
+    "(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)\n"
+)
+
+
+def test_a_training_layer_norm_is_one_rows_kernel_writing_its_statistics():
+    """One pass over the rows: the mean is the first stage's value, the reciprocal
+    deviation the loop over one value per row that read the variance, computed from the
+    stage by the same expression (no mean, variance or deviation kernel of their own)."""
+    graph, prog = program(TRAINING_NORM)
+    assert kinds(prog) == ["rows", "row_stat", "row_stat"], prog.to_text()
+    rows = prog.kernels[0]
+    (mean, _), (rstd, _) = rows.attrs["stats"]
+    assert mean == ("stage", 0) and rstd[0] == "rsqrt"
+    assert [s.output for s in prog.steps if s.kernel is not None][1:] == prog.outputs[1:]
+    check_values(graph, prog)
+
+
+def test_a_statistic_lives_from_its_rows_kernel_in_the_memory_plan():
+    """A statistic's buffer is written by the rows kernel before its own step: the plan
+    keeps it apart from everything live at that kernel (an operand that dies there)."""
+    from saturn.eqsat.memory import plan_memory
+
+    text = TRAINING_NORM.replace("(input x f32 [6 40])\n", "")
+    head = "(input a f32 [6 8])\n(param p f32 [8 40])\n(let x (MatMul a p))\n"
+    graph, prog = program(head + text)  # the product dies at the rows kernel
+    assert kinds(prog) == ["gemm", "rows", "row_stat", "row_stat"], prog.to_text()
+    plan = plan_memory(prog)
+    index = {s.output: i for i, s in enumerate(prog.steps)}
+    product = prog.kernels[0].output
+    for s in prog.steps[index[prog.kernels[1].output] + 1 :]:
+        assert plan.slots[s.output].first == index[prog.kernels[1].output]
+        assert plan.slots[product].last == index[prog.kernels[1].output]
+    assert plan.overlaps() == []
     check_values(graph, prog)
 
 

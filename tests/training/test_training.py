@@ -370,6 +370,43 @@ def test_an_embedding_block_trains_replayed_on_the_gpu():
     forward, backward = list(backend.CACHE.items.values())[-2:]
     assert forward.recipe.runner._unbounded_indices
     assert not backward.recipe.runner._unbounded_indices
+    # the layer norm's mean and rstd, which the backward reads, written by its rows kernel
+    assert [k.kind for k in forward.compiled.program.kernels].count("row_stat") == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "width"), [(4096, 48), (64, 768), (3, 1100)])
+def test_a_layer_norm_trains_on_the_gpu_with_statistics_from_its_rows_kernel(rows, width):
+    """A training layer norm over rows shared by parts of a warp, by warps and by blocks:
+    one rows kernel writes the norm and the mean and rstd the backward reads (no reduction
+    of their own), and the output and every gradient are eager's on the CPU."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, w, b, g = (
+        torch.randn(rows, width),
+        torch.randn(width),
+        torch.randn(width),
+        torch.randn(rows, width),
+    )
+    x[0] = 0.0  # a constant row: variance 0, rstd 1/sqrt(eps)
+
+    def f(x, w, b):
+        return torch.nn.functional.layer_norm(x * 2.0, (width,), w, b, 1e-5)
+
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = f(*leaves)
+    (want * g).sum().backward()
+    dev = [t.to("saturn:1").requires_grad_() for t in (x, w, b)]
+    before = backend.CACHE.compiles
+    got = torch.compile(f, backend="saturn", dynamic=False)(*dev)
+    (got * g.to("saturn:1")).sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for t, ref in zip(dev, leaves, strict=True):
+        torch.testing.assert_close(t.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
+    assert backend.CACHE.compiles - before == 2
+    forward = list(backend.CACHE.items.values())[-2].compiled.program
+    kinds = [k.kind for k in forward.kernels]
+    assert kinds.count("row_stat") == 2 and "reduce" not in kinds, forward.to_text()
 
 
 def test_a_training_graph_text_reads_back_as_the_same_graph():
