@@ -191,7 +191,8 @@ def _handle_of(obj) -> int:
 class WordCheck:
     """The error word's copy in pinned host memory, made on the stream right after the
     last step that may set the word, and an event recorded after the copy (an external
-    event node when captured, so every replay records it again). Waiting for that event
+    event node when captured, so every replay records it again; a plain record in a call
+    run step by step). Waiting for that event
     waits for the steps up to there, not for the whole call."""
 
     def __init__(self, stream: int):
@@ -211,11 +212,16 @@ class WordCheck:
         Replay._check(
             drv.cuMemcpyDtoHAsync(int(self.host), word, 4, self.stream), "cuMemcpyDtoHAsync"
         )
-        external = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
-        Replay._check(
-            drv.cuEventRecordWithFlags(self.event, self.stream, external),
-            "cuEventRecordWithFlags",
-        )
+        err, status = drv.cuStreamIsCapturing(self.stream)
+        Replay._check((err,), "cuStreamIsCapturing")
+        if status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            # a node of the graph, recorded again at every replay (the flag is refused
+            # outside a capture: CUDA_ERROR_ILLEGAL_STATE)
+            external = drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL
+            done = drv.cuEventRecordWithFlags(self.event, self.stream, external)
+        else:  # a call run step by step (the first, or one that cannot be captured)
+            done = drv.cuEventRecord(self.event, self.stream)
+        Replay._check(done, "cuEventRecord")
         self.recorded = True
 
     def wait(self) -> bool:
