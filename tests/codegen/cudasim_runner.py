@@ -159,6 +159,11 @@ GRAPHS = {
     "rows_layer_norm_stats": "(input x f32 [6 70])\n(param w f32 [70])\n"
     "(param b f32 [70])\n(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n"
     "(let v (Var x [1] 0 1))\n(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)",
+    # statistics of other types, from a stage by the loops that read it (a row max's NaN
+    # test, as bool and as int32); a loop that also reads another value stays one
+    "rows_stats_bool_int": "(input x f32 [6 40])\n(input e f32 [6 1])\n"
+    "(let m (Amax x [1] 1))\n(let r (Exp (Sub x m)))\n(let z (Ne m m))\n(let q (Mul m e))\n"
+    "(let c (Cast (Eq m (Scalar inf f32)) i32))\n(output r z q c)",
     # by blocks, over finite values (a row of 1100 of the inputs' special values would
     # hold a NaN, and so would every statistic)
     "rows_block_layer_norm_stats": "(input i f32 [2 1100])\n(param w f32 [1100])\n"
@@ -266,7 +271,8 @@ def run_kernel(step, arrays, narrow: bool = False, err: np.ndarray | None = None
     if "err" in g.params.pointers:  # a fused take's error word
         flats.append(err if err is not None else np.zeros(1, dtype=np.int32))
     stats = [  # a rows kernel's statistics (kinds/row_stat.py): one value per row, poisoned
-        np.full(sizes["outer"], np.nan, dtype=ev.np_dtype(t)) for _, t in k.attrs.get("stats", ())
+        np.full(sizes["outer"], np.nan if t in ("f32", "f64") else 7, dtype=ev.np_dtype(t))
+        for _, t in k.attrs.get("stats", ())
     ]
     fn[blocks, threads](out, *flats, *stats, *[sizes[n] for n in g.params.ints])
     WRITTEN[step.output] = stats

@@ -79,5 +79,5 @@ def test_an_external_record_outside_a_capture_is_what_fails(monkeypatch):
     drv = fake_driver(False, [])
     monkeypatch.setattr(runner_replay, "_driver", lambda: drv)
     res = drv.cuEventRecordWithFlags("event", 7, drv.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL)
-    with pytest.raises(RuntimeError, match="cuEventRecordWithFlags failed: .*401"):
+    with pytest.raises(RuntimeError, match=r"cuEventRecordWithFlags failed: .*401"):
         runner_replay.Replay._check(res, "cuEventRecordWithFlags")

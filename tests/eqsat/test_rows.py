@@ -86,6 +86,23 @@ def test_declines_when_a_step_before_the_loop_reads_the_reduction():
     check_values(graph, prog)
 
 
+def test_per_row_loops_of_the_stages_alone_are_statistics_others_stay_loops():
+    """A row max's NaN test, as bool and as int32, is computed from the stage and written
+    beside the softmax; a loop over one value per row that also reads another tensor is
+    not (the rows kernel has no per-row operands for it): it stays a loop reading the max,
+    which the rows kernel writes for it."""
+    graph, prog = program(
+        "(input x f32 [6 40])\n(input e f32 [6 1])\n(let m (Amax x [1] 1))\n"
+        "(let r (Exp (Sub x m)))\n(let z (Ne m m))\n(let q (Mul m e))\n"
+        "(let c (Cast (Eq m (Scalar inf f32)) i32))\n(output r z q c)\n"
+    )
+    assert kinds(prog) == ["rows", "row_stat", "row_stat", "row_stat", "loop"], prog.to_text()
+    rows, _, _, _, loop = prog.kernels
+    assert [t for _, t in rows.attrs["stats"]] == ["f32", "bool", "i32"]
+    assert prog.kernels[1].output in [o.value for o in loop.inputs]
+    check_values(graph, prog)
+
+
 # a training layer norm as the importer writes one: the norm, and its mean and reciprocal
 # deviation (outputs the backward reads)
 TRAINING_NORM = (
