@@ -41,6 +41,8 @@ def stats(k, operands: list[np.ndarray]) -> list[np.ndarray]:
     """The per-row statistics a rows kernel writes beside its output (``attrs["stats"]``:
     an expression over the stages and its dtype each; ``kinds/row_stat.py``), one value
     per row."""
+    if not k.attrs.get("stats"):
+        return []
     _, stages = _stages(k, operands)
     rows = (*k.domain[:-1], 1)
     return [
