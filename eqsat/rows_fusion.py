@@ -5,6 +5,8 @@ as row statistics (``kinds/row_stat.py``)."""
 
 from __future__ import annotations
 
+import math
+
 from .kernel_fusion import _remap, _users
 from .kinds import Kind
 from .program import (
@@ -150,8 +152,9 @@ def fuse_rows(prog: Program) -> Program:
     the group read, is written by the rows kernel as a statistic (``kinds/row_stat.py``),
     as are loops over one value per row reading only the group's reductions (a layer norm's
     reciprocal deviation, computed from the stage by the same scalar expression the loop
-    runs on the value it would read); the statistic's value is ready after the rows
-    kernel, so a reduction stays out of the group when a step before the loop reads it.
+    runs on the value it would read). The rows kernel runs as early as its operands allow
+    (right after the last of them, not where the loop was), and a statistic is ready
+    after it: a reduction stays out of the group when a step before that point reads it.
     Special values take the same path as in separate kernels (max and min propagate NaN;
     sums of infinities give what the same additions give). Float stages only: integer
     reductions keep their own kernels, which widen as PyTorch does. GPU programs only (the
@@ -159,10 +162,12 @@ def fuse_rows(prog: Program) -> Program:
     users = _users(prog)
     outputs = set(prog.outputs)
     by_output = {s.output: s for s in prog.steps}
-    position = {s.output: i for i, s in enumerate(prog.steps)}
+    # where each value is ready: its step's position, or for a rows kernel and its
+    # statistics, half past the last of its operands (it runs as early as they allow)
+    placed: dict[str, float] = {s.output: i for i, s in enumerate(prog.steps)}
     gone: set[str] = set()
-    fused: dict[str, Step] = {}
-    after: dict[str, list[Step]] = {}  # rows step -> its statistics' steps
+    fused: set[str] = set()
+    anchored: dict[int, list[Step]] = {}  # position -> rows steps and statistics after it
     for s in prog.steps:
         k = s.kernel
         if k is None or k.kind != Kind.LOOP or not k.domain or k.domain[-1] > ROWS_MAX:
@@ -179,15 +184,20 @@ def fuse_rows(prog: Program) -> Program:
                 continue
             group.add(v)
             todo += [o.value for o in r.kernel.inputs if o.indexing == "leading"]
-        at = position[s.output]
-
-        def later(v: str, inside: set[str], at: int = at) -> bool:  # read after s only
-            return all(position[u] > at for u in users.get(v, set()) - inside)
-
+        if not group:  # no row reduction to compute (an input-free loop reads nothing)
+            continue
         loops: set[str] = set()
+        at = 0.0
         changed = True
-        while changed:  # drop reductions read before the loop
+        while changed:  # drop reductions read before the rows kernel could run
             changed = False
+            reads = {o.value for r in (s, *(by_output[v] for v in group)) for o in r.kernel.inputs}
+            # (reading nothing but what it computes, input-free: just before the loop)
+            at = max((placed[v] for v in reads - group), default=placed[s.output] - 1)
+
+            def later(v: str, inside: set[str], at: float = at) -> bool:  # read after it only
+                return all(placed[u] > at for u in users.get(v, set()) - inside)
+
             loops = {
                 u
                 for v in group
@@ -202,17 +212,22 @@ def fuse_rows(prog: Program) -> Program:
         if not group:
             continue
         inside = group | loops | {s.output}
-        order = [by_output[v] for v in sorted(group, key=position.__getitem__)]
+        order = [by_output[v] for v in sorted(group, key=placed.__getitem__)]
         written = [r for r in order if r.output in outputs or users.get(r.output, set()) - inside]
-        per_row = [by_output[u] for u in sorted(loops, key=position.__getitem__)]
-        fused[s.output], after[s.output] = _rows_step(s, order, written, per_row)
+        per_row = [by_output[u] for u in sorted(loops, key=placed.__getitem__)]
+        rows, stats = _rows_step(s, order, written, per_row)
+        anchored.setdefault(math.floor(at), []).extend([rows, *stats])
+        for v in (s.output, *group, *loops):  # what it computes runs there (or is gone)
+            placed[v] = math.floor(at) + 0.5
+        fused.add(s.output)
         gone |= group | loops
     if not fused:
         return prog
-    steps = []
-    for s in prog.steps:
-        if s.output not in gone:
-            steps += [fused.get(s.output, s), *after.get(s.output, [])]
+    steps = list(anchored.get(-1, []))  # before the first step
+    for i, s in enumerate(prog.steps):
+        if s.output not in gone and s.output not in fused:
+            steps.append(s)
+        steps += anchored.get(i, [])
     out = renumber(Program(steps, prog.outputs, prog.inputs))
     validate(out)
     return out

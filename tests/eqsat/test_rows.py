@@ -103,6 +103,18 @@ def test_per_row_loops_of_the_stages_alone_are_statistics_others_stay_loops():
     check_values(graph, prog)
 
 
+def test_the_rows_kernel_runs_as_early_as_its_operands_allow():
+    """A full sum reading the row max comes before the softmax's loop in the extracted
+    program: the rows kernel runs right after its one operand instead, so the sum reads
+    the max it writes (a loss's mean over a last layer norm, bfloat16 DistilBERT)."""
+    graph, prog = program(
+        "(input x f32 [6 40])\n(let m (Amax x [1] 1))\n(let t (Sum (Sub x m) [0 1] 0))\n"
+        "(let r (Exp (Sub x m)))\n(output t r)\n"
+    )
+    assert kinds(prog) == ["rows", "row_stat", "reduce"], prog.to_text()
+    check_values(graph, prog)
+
+
 # a training layer norm as the importer writes one: the norm, and its mean and reciprocal
 # deviation (outputs the backward reads)
 TRAINING_NORM = (
