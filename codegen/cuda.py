@@ -413,6 +413,7 @@ class CudaKernel:
         self._indexed = k.kind in (Kind.LOOP, Kind.REDUCE) and index_arithmetic(k)
         self._strided = any(o.indexing == "strided" for o in k.inputs)
         self.takes = "take" in k.attrs  # a fused take: an error word after the operands
+        self.stats = len(k.attrs.get("stats", ()))  # a rows kernel's statistics after that
         # operand layout -> (strided operands readable as vectors, narrow index arithmetic)
         self._layouts: dict[tuple, tuple[bool, bool]] = {}
         self._plans: dict[tuple, tuple] = {}
@@ -521,9 +522,9 @@ class CudaKernel:
             if err_ptr is None:
                 raise KernelError("a rows kernel with a fused take needs an error word")
             ptrs.append(err_ptr)
-        if len(stat_ptrs) != len(self.k.attrs.get("stats", ())):
+        if len(stat_ptrs) != self.stats:
             raise KernelError(
-                f"a rows kernel writing {len(self.k.attrs.get('stats', ()))} statistics "
+                f"a rows kernel writing {self.stats} statistics "
                 f"was given {len(stat_ptrs)} places for them"
             )
         ptrs += stat_ptrs

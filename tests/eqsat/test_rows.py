@@ -149,9 +149,10 @@ def test_a_statistic_lives_from_its_rows_kernel_in_the_memory_plan():
     plan = plan_memory(prog)
     index = {s.output: i for i, s in enumerate(prog.steps)}
     product = prog.kernels[0].output
-    for s in prog.steps[index[prog.kernels[1].output] + 1 :]:
-        assert plan.slots[s.output].first == index[prog.kernels[1].output]
-        assert plan.slots[product].last == index[prog.kernels[1].output]
+    rows = index[prog.kernels[1].output]
+    assert plan.slots[product].last == rows
+    for s in prog.steps[rows + 1 :]:  # the two statistics
+        assert plan.slots[s.output].first == rows
     assert plan.overlaps() == []
     check_values(graph, prog)
 
