@@ -25,6 +25,8 @@ already done, with the tensors as its future's value.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -166,6 +168,10 @@ def _done(result) -> dist.Work:
     return _create_work_from_future(fut)
 
 
+# Groups not yet destroyed: released before the interpreter's teardown (``_release_live``).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
 class SaturnProcessGroup(dist.ProcessGroup):
     """The ``saturn`` backend's group: collectives on saturn:0 and CPU tensors through an
     inner gloo group over the same store, ranks and size."""
@@ -177,6 +183,7 @@ class SaturnProcessGroup(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._nccl_group = None  # made at the first collective on a saturn GPU
         self._streams: dict[int, torch.cuda.ExternalStream] = {}  # saturn's, per GPU
+        _LIVE.add(self)
 
     def _nccl(self):
         """PyTorch's NCCL group over the same store (its own key prefix), ranks and size."""
@@ -193,12 +200,19 @@ class SaturnProcessGroup(dist.ProcessGroup):
         return self._nccl_group
 
     def shutdown(self) -> None:
-        """``destroy_process_group``'s call: the inner groups stop their worker threads now.
-        Left to the interpreter's teardown, gloo's threads can abort the process on exit
-        ("terminate called without an active exception", pytorch#190489)."""
-        self._gloo.shutdown()
-        if self._nccl_group is not None:
-            self._nccl_group.shutdown()
+        """``destroy_process_group``'s call: the inner groups are released now, so their
+        destructors join gloo's worker threads while the interpreter runs. gloo's own
+        ``shutdown`` leaves the threads running (torch 2.11-2.14); one that drops a tensor
+        during the interpreter's teardown takes the GIL there and aborts the process
+        ("terminate called without an active exception")."""
+        gloo, nccl = self._gloo, self._nccl_group
+        self._gloo = self._nccl_group = None
+        self._streams.clear()
+        if gloo is not None:
+            gloo.shutdown()
+        if nccl is not None:
+            nccl.shutdown()
+        _LIVE.discard(self)
 
     def getBackendName(self) -> str:  # noqa: N802 (c10d's names, here and below)
         return NAME
@@ -223,6 +237,8 @@ class SaturnProcessGroup(dist.ProcessGroup):
     def _run(self, result, call: Callable, tensors=()) -> dist.Work:
         """Run ``call(mover, inner group)`` on gloo for host tensors, on NCCL on saturn's
         stream for saturn GPU tensors; ``tensors``: every tensor the collective takes."""
+        if self._gloo is None:
+            raise RuntimeError(f"saturn's process group {self._name!r} was destroyed")
         index = _gpu_of(_tensors(tensors))
         if index is None:
             host = _Host()
@@ -330,6 +346,14 @@ def _create(opts, _backend_options) -> SaturnProcessGroup:
     return SaturnProcessGroup(
         opts.store, opts.group_rank, opts.group_size, opts.timeout, opts.group_id
     )
+
+
+@atexit.register
+def _release_live() -> None:
+    """A program that never calls ``destroy_process_group`` still has its inner groups'
+    threads joined before the teardown, where they could abort the process on exit."""
+    for group in list(_LIVE):
+        group.shutdown()
 
 
 def register() -> None:

@@ -264,26 +264,49 @@ def test_the_backend_is_registered_for_the_saturn_device():
     assert "saturn" in dist.Backend.backend_list
 
 
-def test_destroying_the_group_shuts_its_inner_group_down(tmp_path):
-    """``destroy_process_group`` reaches saturn's group, which shuts its gloo group down
-    then, not at the interpreter's teardown (where gloo's threads can abort the process)."""
+def _threads() -> int:
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_destroying_the_group_joins_its_inner_groups_threads(tmp_path):
+    """``destroy_process_group`` reaches saturn's group, which releases its gloo group then,
+    so gloo's worker threads are joined while the interpreter runs, even where something
+    (a DDP wrapper) still holds the group. gloo's ``shutdown`` alone leaves them running,
+    and one that drops a tensor in the interpreter's teardown aborts the process on exit."""
     import saturn  # noqa: F401
 
+    before = _threads()
     dist.init_process_group("saturn", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
-    ours = dist.group.WORLD  # saturn's group itself (its backend registers the extended API)
-    gloo, calls = ours._gloo, []
-
-    class Spy:
-        def shutdown(self):
-            calls.append("shutdown")
-            gloo.shutdown()
-
+    ours = dist.group.WORLD  # held, as a DDP wrapper holds its group
     x = torch.ones(4, device="saturn:0")
     dist.all_reduce(x)  # the group works before
-    ours._gloo = Spy()
+    assert _threads() > before  # gloo's workers and its transport's loop
     dist.destroy_process_group()
-    assert calls == ["shutdown"]
+    assert _threads() == before
     assert torch.equal(x.cpu(), torch.ones(4))
+    with pytest.raises(RuntimeError, match="was destroyed"):
+        ours.allreduce([x])
+
+
+def test_a_group_never_destroyed_is_released_before_the_teardown(tmp_path):
+    """A program that exits without ``destroy_process_group``: saturn's exit hook releases
+    the group's inner gloo group (its threads joined) before the interpreter's teardown."""
+    code = f"""
+import os, torch, torch.distributed as dist
+import saturn
+from saturn import distributed
+dist.init_process_group("saturn", init_method="file://{tmp_path / "s"}", rank=0, world_size=1)
+x = torch.ones(3, device="saturn:0")
+dist.all_reduce(x)
+before = len(os.listdir("/proc/self/task"))
+distributed._release_live()
+print(before - len(os.listdir("/proc/self/task")), len(distributed._LIVE))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    joined, live = map(int, run.stdout.split())
+    assert joined >= 2 and live == 0
 
 
 # --- one GPU: a group of one in this process ------------------------------------------
