@@ -194,7 +194,7 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_ops_named(k)}{_digest(k, lanes, narrow)}"
-    stats = [t for _, t in k.attrs.get("stats", ())]  # a rows kernel's statistics
+    stats = [t for _, t in k.attrs.get("stats", ())]  # values written beside the output
     dtypes = [k.dtype, *(o.dtype for o in k.inputs), *stats]
     bad = [d for d in dtypes if d not in MEMORY_TYPE]
     if bad:
@@ -331,7 +331,13 @@ def generate_split(k: Kernel, narrow: bool = False) -> tuple[Generated, Generate
             [acc, *(ptr[o.dtype] for o in k.inputs)],
             "split-part",
         ),
-        Generated(f"{fn}_fold", head + fold + "\n", fparams, [ptr[k.dtype], acc], "split-fold"),
+        Generated(
+            f"{fn}_fold",
+            head + fold + "\n",
+            fparams,
+            [ptr[k.dtype], acc, *(ptr[t] for _, t in k.attrs.get("stats", ()))],
+            "split-fold",
+        ),
     )
 
 
@@ -413,7 +419,9 @@ class CudaKernel:
         self._indexed = k.kind in (Kind.LOOP, Kind.REDUCE) and index_arithmetic(k)
         self._strided = any(o.indexing == "strided" for o in k.inputs)
         self.takes = "take" in k.attrs  # a fused take: an error word after the operands
-        self.stats = len(k.attrs.get("stats", ()))  # a rows kernel's statistics after that
+        # values written beside the output after that (kinds/row_stat.py): a rows kernel's
+        # statistics, a reduction's siblings
+        self.stats = len(k.attrs.get("stats", ()))
         # operand layout -> (strided operands readable as vectors, narrow index arithmetic)
         self._layouts: dict[tuple, tuple[bool, bool]] = {}
         self._plans: dict[tuple, tuple] = {}
@@ -508,25 +516,25 @@ class CudaKernel:
         """Launch on ``stream``. ``workspace(nbytes)`` gives the address of device memory
         the kernel may use for the launch (a split reduction's partials), the same memory
         at every call for a graph that replays. ``err_ptr``: the error word a rows kernel
-        with a fused take sets on an index out of range. ``stat_ptrs``: where a rows
-        kernel writes its statistics (``kinds/row_stat.py``), one per statistic."""
+        with a fused take sets on an index out of range. ``stat_ptrs``: where a kernel
+        writes the values beside its output (``kinds/row_stat.py``), one per value."""
         from cuda.core import launch
 
+        if len(stat_ptrs) != self.stats:
+            raise KernelError(
+                f"a kernel writing {self.stats} values beside its output "
+                f"was given {len(stat_ptrs)} places for them"
+            )
         if self.split is not None:
             if workspace is None:
                 raise KernelError("a split reduction needs a workspace")
-            self._launch_split(stream, out_ptr, in_ptrs, shapes, strides, workspace)
+            self._launch_split(stream, out_ptr, in_ptrs, shapes, strides, workspace, stat_ptrs)
             return
         ptrs = [out_ptr, *in_ptrs]
         if self.takes:
             if err_ptr is None:
                 raise KernelError("a rows kernel with a fused take needs an error word")
             ptrs.append(err_ptr)
-        if len(stat_ptrs) != self.stats:
-            raise KernelError(
-                f"a rows kernel writing {self.stats} statistics "
-                f"was given {len(stat_ptrs)} places for them"
-            )
         ptrs += stat_ptrs
         key = (tuple(map(tuple, shapes)), tuple(map(tuple, strides)))
         g, kernel = self.variant(ptrs, key=key)
@@ -538,9 +546,12 @@ class CudaKernel:
         if self.split is None:
             return 0
         outer, _, inner = reduce_layout(self.k)
-        return self.split[0] * outer * inner * MEMORY_SIZE[_acc_dtype(self.k)]
+        accumulators = 1 + self.stats  # a reduction's siblings after its own partials
+        return accumulators * self.split[0] * outer * inner * MEMORY_SIZE[_acc_dtype(self.k)]
 
-    def _launch_split(self, stream, out_ptr, in_ptrs, shapes, strides, workspace) -> None:
+    def _launch_split(
+        self, stream, out_ptr, in_ptrs, shapes, strides, workspace, stat_ptrs=()
+    ) -> None:
         from cuda.core import LaunchConfig, launch
 
         chunks, chunk, part, fold = self.split
@@ -565,7 +576,8 @@ class CudaKernel:
         ws = np.uint64(workspace(self.workspace_bytes()))
         s = core_stream(stream)
         launch(s, pconf, pk, ws, *[np.uint64(q) for q in in_ptrs], *pints)
-        launch(s, fconf, fk, np.uint64(out_ptr), ws, *fints)
+        stats = [np.uint64(q) for q in stat_ptrs]
+        launch(s, fconf, fk, np.uint64(out_ptr), ws, *stats, *fints)
 
 
 # the movement kernels' launchers, read through this module as before they had their own

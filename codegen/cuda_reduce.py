@@ -41,93 +41,144 @@ def reduce_layout(k: Kernel) -> tuple[int, int, int]:
     return outer, red, inner
 
 
-def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str) -> list[str]:
+def _names(k: Kernel) -> tuple[list[str], list[str]]:
+    """The accumulators of a reduction and the element values they fold: ``acc`` and
+    ``v`` for its output, ``acc1``, ``v1``, ... for each sibling it computes beside it
+    (``attrs["stats"]``, ``eqsat/reduce_siblings.py``)."""
+    n = 1 + len(k.attrs.get("stats", ()))
+    return ["acc", *[f"acc{j}" for j in range(1, n)]], ["v", *[f"v{j}" for j in range(1, n)]]
+
+
+def _accumulate(index: str, step: int, bound: str, element, kind: str, ind: str, k) -> list[str]:
     """A reduction thread's loop from ``r`` up to ``bound`` in steps of ``step``, folding each
-    element into ``acc``. ``index`` is the flat index of element ``r`` (``{r}`` in it);
-    ``element(ind, var)`` gives the lines computing the element at ``f`` into ``var``.
-    (Unrolled four times, with the loads ahead of the adds, the narrow reductions of
-    bench/kernel_speed.py ran no faster: 83 -> 96 us, 32 -> 37 us on the H200.)"""
+    element into its accumulators. ``index`` is the flat index of element ``r`` (``{r}`` in
+    it); ``element(ind, vars)`` gives the lines computing the elements at ``f`` into
+    ``vars``, one per accumulator. (Unrolled four times, with the loads ahead of the adds,
+    the narrow reductions of bench/kernel_speed.py ran no faster: 83 -> 96 us, 32 -> 37 us
+    on the H200.)"""
+    accs, vals = _names(k)
     return [
         f"{ind}while r < {bound}:",
         f"{ind}    f = {index.format(r='r')}",
-        *element(ind + "    ", "v"),
-        f"{ind}    acc = {_combine(kind, 'acc', 'v')}",
+        *element(ind + "    ", vals),
+        *[f"{ind}    {a} = {_combine(kind, a, v)}" for a, v in zip(accs, vals, strict=True)],
         f"{ind}    r += {step}",
     ]
 
 
 def _element(k: Kernel, narrow: bool = False):
-    """``element(ind, var)``: the lines computing a reduction's value at flat index ``f``
-    into ``var`` (operand reads, the body, the cast to the accumulator); and the int
-    parameters the reads use. ``narrow``: the reads' index arithmetic in 32 bits, over the
-    copies ``narrow_head`` makes."""
+    """``element(ind, vars)``: the lines computing a reduction's values at flat index ``f``
+    into ``vars`` (operand reads once, the bodies, the casts to the accumulator); and the
+    int parameters the reads use. ``narrow``: the reads' index arithmetic in 32 bits, over
+    the copies ``narrow_head`` makes."""
     rank = len(k.domain)
     dnames = [f"s{d}" for d in range(rank)]
     body = BodyWriter(lambda i: f"in{i}_v", lambda i: compute_dtype(k.inputs[i].dtype))
-    result, _ = body.emit(k.body)
+    results = [body.emit(e)[0] for e in (k.body, *(e for e, _ in k.attrs.get("stats", ())))]
     acc_type = NUMBA_TYPE[_acc_dtype(k)]
     _, ints = _operand_reads(k, "f", rank, dnames, "")
 
-    def element(at: str, var: str) -> list[str]:
+    def element(at: str, vars: list[str]) -> list[str]:
         reads, _ = _operand_reads(k, "f", rank, dnames, at, narrow)
-        return reads + [at + b for b in body.lines] + [f"{at}{var} = {acc_type}({result})"]
+        casts = [f"{at}{v} = {acc_type}({res})" for v, res in zip(vars, results, strict=True)]
+        return reads + [at + b for b in body.lines] + casts
 
     return element, ints
 
 
-def _block_row(kind: str, acc_t: str, start: str, bound: str, element, store) -> list[str]:
+def _warp_fold(kind: str, k: Kernel, ind: str) -> list[str]:
+    """Each accumulator folded across the 32 lanes of a warp (lane 0 ends with it)."""
+    shfl = [_combine(kind, a, f"cuda.shfl_down_sync(0xFFFFFFFF, {a}, off)") for a in _names(k)[0]]
+    if len(shfl) == 1:
+        return _warp_reduce(shfl[0], ind)
+    return [
+        f"{ind}off = 16",
+        f"{ind}while off > 0:",
+        *[f"{ind}    {a} = {e}" for a, e in zip(_names(k)[0], shfl, strict=True)],
+        f"{ind}    off //= 2",
+    ]
+
+
+def _parts(k: Kernel, size: int, acc_t: str) -> list[str]:
+    """Shared memory for each accumulator's partials: ``part``, ``part1``, ..."""
+    t = NUMBA_SCALAR[acc_t]
+    return [f"    {_part(a)} = cuda.shared.array({size}, dtype=numba.{t})" for a in _names(k)[0]]
+
+
+def _part(acc: str) -> str:
+    return acc.replace("acc", "part")
+
+
+def _block_row(kind: str, acc_t: str, start: str, bound: str, element, store, k) -> list[str]:
     """A block of THREADS per row (``blockIdx.x``): each thread folds from ``start`` up to
     ``bound``, the warps fold across their lanes and then across warps through shared
-    memory; thread 0 runs ``store`` (lines at 12 spaces) with the row's ``acc``."""
+    memory; thread 0 runs ``store`` (lines at 12 spaces) with the row's accumulators."""
     ident = _identity(kind, acc_t)
-    shfl = _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)")
+    accs = _names(k)[0]
     return [
         "    row = cuda.blockIdx.x",
         "    tid = cuda.threadIdx.x",
-        f"    part = cuda.shared.array(8, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-        f"    acc = {ident}",
+        *_parts(k, 8, acc_t),
+        *[f"    {a} = {ident}" for a in accs],
         f"    r = {start}",
-        *_accumulate("row * red + {r}", THREADS, bound, element, kind, "    "),
-        *_warp_reduce(shfl, "    "),
+        *_accumulate("row * red + {r}", THREADS, bound, element, kind, "    ", k),
+        *_warp_fold(kind, k, "    "),
         "    if tid % 32 == 0:",
-        "        part[tid // 32] = acc",
+        *[f"        {_part(a)}[tid // 32] = {a}" for a in accs],
         "    cuda.syncthreads()",
         "    if tid < 32:",
-        f"        acc = part[tid] if tid < 8 else {ident}",
-        *_warp_reduce(shfl, "        "),
+        *[f"        {a} = {_part(a)}[tid] if tid < 8 else {ident}" for a in accs],
+        *_warp_fold(kind, k, "        "),
         "        if tid == 0:",
         *store,
     ]
 
 
-def _columns(kind: str, acc_t: str, outputs: str, loop: list[str], store) -> list[str]:
+def _columns(kind: str, acc_t: str, outputs: str, loop: list[str], store, k) -> list[str]:
     """32 consecutive outputs per block (``p``, coalesced), 8 threads down each: every
     thread folds by ``loop`` (lines at 8 spaces), then the 8 partials of each output are
     folded in order through shared memory and ``store`` (lines at 8 spaces) runs."""
+    accs = _names(k)[0]
     return [
         "    tx = cuda.threadIdx.x % 32",
         "    ty = cuda.threadIdx.x // 32",
         "    p = cuda.blockIdx.x * 32 + tx",
-        f"    part = cuda.shared.array(256, dtype=numba.{NUMBA_SCALAR[acc_t]})",
-        f"    acc = {_identity(kind, acc_t)}",
+        *_parts(k, 256, acc_t),
+        *[f"    {a} = {_identity(kind, acc_t)}" for a in accs],
         f"    if p < {outputs}:",
         *loop,
-        "    part[cuda.threadIdx.x] = acc",
+        *[f"    {_part(a)}[cuda.threadIdx.x] = {a}" for a in accs],
         "    cuda.syncthreads()",
         f"    if ty == 0 and p < {outputs}:",
         "        for j in range(1, 8):",
-        f"            acc = {_combine(kind, 'acc', 'part[j * 32 + tx]')}",
+        *[f"            {a} = {_combine(kind, a, _part(a) + '[j * 32 + tx]')}" for a in accs],
         *store,
     ]
 
 
-def _column_loop(start: str, bound: str, element, kind: str) -> list[str]:
+def _column_loop(start: str, bound: str, element, kind: str, k) -> list[str]:
     return [
         "        o = p // inner",
         "        c = p % inner",
         f"        r = {start}",
-        *_accumulate("(o * red + {r}) * inner + c", 8, bound, element, kind, "        "),
+        *_accumulate("(o * red + {r}) * inner + c", 8, bound, element, kind, "        ", k),
     ]
+
+
+def _stores(k: Kernel, at: str, ind: str) -> list[str]:
+    """Each accumulator finished (mean's division, the epilogue) and stored at ``at``: the
+    output to ``out``, each sibling to its ``stat{j}``."""
+    kind = k.attrs["reduce"]
+    acc_type = NUMBA_TYPE[_acc_dtype(k)]
+    lines = []
+    for j, a in enumerate(_names(k)[0]):
+        finish = f"{a} / {acc_type}(red)" if kind == "mean" else a
+        lines += _store_reduced(k, f"{'out' if j == 0 else f'stat{j - 1}'}[{at}]", finish, ind)
+    return lines
+
+
+def _stat_pointers(k: Kernel) -> list[str]:
+    return [f"stat{j}" for j in range(len(k.attrs.get("stats", ())))]
 
 
 def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str]:
@@ -137,7 +188,7 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
     dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
-    acc_type = NUMBA_TYPE[acc_t]
+    accs = _names(k)[0]
     if inner == 1:
         style = (
             "row-thread"
@@ -152,9 +203,9 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
     element, ints = _element(k, narrow)
     shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
     params = Params(
-        ["out", *[f"in{i}" for i in range(len(k.inputs))]], ["outer", "red", "inner", *shape, *ints]
+        ["out", *[f"in{i}" for i in range(len(k.inputs))], *_stat_pointers(k)],
+        ["outer", "red", "inner", *shape, *ints],
     )
-    finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
     lines = [f"def {fn}({params.signature()}):", *(narrow_head(k, dnames) if narrow else [])]
     if style == "row-thread":
         # one thread per row (grid-stride), its elements folded in order
@@ -162,10 +213,10 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
             "    row = cuda.grid(1)",
             "    step = cuda.gridsize(1)",
             "    while row < outer:",
-            f"        acc = {_identity(kind, acc_t)}",
+            *[f"        {a} = {_identity(kind, acc_t)}" for a in accs],
             "        r = 0",
-            *_accumulate("row * red + {r}", 1, "red", element, kind, "        "),
-            *_store_reduced(k, "out[row]", finish, "        "),
+            *_accumulate("row * red + {r}", 1, "red", element, kind, "        ", k),
+            *_stores(k, "row", "        "),
             "        row += step",
         ]
     elif style == "row-warp":
@@ -173,25 +224,19 @@ def reduce_source(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
         lines += [
             "    lane = cuda.threadIdx.x % 32",
             "    row = cuda.blockIdx.x * 8 + cuda.threadIdx.x // 32",
-            f"    acc = {_identity(kind, acc_t)}",
+            *[f"    {a} = {_identity(kind, acc_t)}" for a in accs],
             "    if row < outer:",
             "        r = lane",
-            *_accumulate("row * red + {r}", 32, "red", element, kind, "        "),
-            *_warp_reduce(
-                _combine(kind, "acc", "cuda.shfl_down_sync(0xFFFFFFFF, acc, off)"), "    "
-            ),
+            *_accumulate("row * red + {r}", 32, "red", element, kind, "        ", k),
+            *_warp_fold(kind, k, "    "),
             "    if lane == 0 and row < outer:",
-            *_store_reduced(k, "out[row]", finish, "        "),
+            *_stores(k, "row", "        "),
         ]
     elif style == "row-block":
-        lines += _block_row(
-            kind, acc_t, "tid", "red", element, _store_reduced(k, "out[row]", finish, " " * 12)
-        )
+        lines += _block_row(kind, acc_t, "tid", "red", element, _stores(k, "row", " " * 12), k)
     else:
-        loop = _column_loop("ty", "red", element, kind)
-        lines += _columns(
-            kind, acc_t, "outer * inner", loop, _store_reduced(k, "out[p]", finish, " " * 8)
-        )
+        loop = _column_loop("ty", "red", element, kind, k)
+        lines += _columns(kind, acc_t, "outer * inner", loop, _stores(k, "p", " " * 8), k)
     return "\n".join(lines), params, style
 
 
@@ -230,14 +275,15 @@ def split_plan(k: Kernel, sm_count: float = 132, min_chunk: int | None = None) -
 
 def split_sources(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params, str, Params]:
     """The two kernels of a split reduction: partials (grid: output tiles x chunks, writing
-    ``ws[chunk * outputs + output]``) and the fold over chunks (32 outputs per block, 8
-    threads down the chunks), with their parameters. ``narrow``: the partials' operand
-    index arithmetic in 32 bits."""
+    ``ws[chunk * outputs + output]``, each sibling's after the output's:
+    ``ws[(j * chunks + chunk) * outputs + output]``) and the fold over chunks (32 outputs
+    per block, 8 threads down the chunks), with their parameters. ``narrow``: the
+    partials' operand index arithmetic in 32 bits."""
     _, _, inner = reduce_layout(k)
     dnames = [f"s{d}" for d in range(len(k.domain))]
     kind = k.attrs["reduce"]
     acc_t = _acc_dtype(k)
-    acc_type = NUMBA_TYPE[acc_t]
+    accs = _names(k)[0]
     narrow = narrow and index_arithmetic(k)
     element, ints = _element(k, narrow)
     shape = dnames if any(o.indexing == "strided" for o in k.inputs) else []
@@ -251,24 +297,27 @@ def split_sources(k: Kernel, fn: str, narrow: bool = False) -> tuple[str, Params
         "    lo = cuda.blockIdx.y * chunk",
         "    hi = min(lo + chunk, red)",
     ]
+
+    def chunk_of(j: int) -> str:
+        return "cuda.blockIdx.y" if j == 0 else f"({j} * cuda.gridDim.y + cuda.blockIdx.y)"
+
     if inner == 1:  # a block per (row, chunk)
-        store = [" " * 12 + "ws[cuda.blockIdx.y * outer + row] = acc"]
-        lines += _block_row(kind, acc_t, "lo + tid", "hi", element, store)
+        store = [" " * 12 + f"ws[{chunk_of(j)} * outer + row] = {a}" for j, a in enumerate(accs)]
+        lines += _block_row(kind, acc_t, "lo + tid", "hi", element, store, k)
     else:  # 32 outputs per block, 8 threads down each, over one chunk
-        store = [" " * 8 + "ws[cuda.blockIdx.y * outer * inner + p] = acc"]
-        lines += _columns(
-            kind, acc_t, "outer * inner", _column_loop("lo + ty", "hi", element, kind), store
-        )
-    fparams = Params(["out", "ws"], ["outputs", "chunks", "red"])
-    finish = f"acc / {acc_type}(red)" if kind == "mean" else "acc"
-    fold = [
-        "        r = ty",
-        "        while r < chunks:",
-        f"            acc = {_combine(kind, 'acc', 'ws[r * outputs + p]')}",
-        "            r += 8",
-    ]
+        store = [
+            " " * 8 + f"ws[{chunk_of(j)} * outer * inner + p] = {a}" for j, a in enumerate(accs)
+        ]
+        loop = _column_loop("lo + ty", "hi", element, kind, k)
+        lines += _columns(kind, acc_t, "outer * inner", loop, store, k)
+    fparams = Params(["out", "ws", *_stat_pointers(k)], ["outputs", "chunks", "red"])
+    fold = ["        r = ty", "        while r < chunks:"]
+    for j, a in enumerate(accs):
+        at = "r" if j == 0 else f"({j} * chunks + r)"
+        fold.append(f"            {a} = {_combine(kind, a, f'ws[{at} * outputs + p]')}")
+    fold.append("            r += 8")
     flines = [
         f"def {fn}_fold({fparams.signature()}):",
-        *_columns(kind, acc_t, "outputs", fold, _store_reduced(k, "out[p]", finish, " " * 8)),
+        *_columns(kind, acc_t, "outputs", fold, _stores(k, "p", " " * 8), k),
     ]
     return "\n".join(lines), params, "\n".join(flines), fparams

@@ -19,8 +19,8 @@ def _type(attrs: tuple, kids: list) -> tuple:
     return (dtype, tyr.reduce_shape(shape, dims, kd))
 
 
-def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
-    v = np.broadcast_to(eval_expr(k.body, operands), k.domain)
+def _reduced(k, body, operands: list[np.ndarray]) -> np.ndarray:
+    v = np.broadcast_to(eval_expr(body, operands), k.domain)
     acc = reduce(
         k.attrs["reduce"],
         v,
@@ -36,6 +36,17 @@ def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
     return np.asarray(eval_expr(k.epilogue, [acc])).astype(np_dtype(k.dtype))
 
 
+def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
+    return _reduced(k, k.body, operands)
+
+
+def siblings(k, operands: list[np.ndarray]) -> list[np.ndarray]:
+    """The reductions a reduce kernel computes beside its output (``attrs["stats"]``: a
+    body over its operands and the dtype each, reduced as the output is;
+    ``reduce_siblings.py``)."""
+    return [_reduced(k, body, operands) for body, _ in k.attrs.get("stats", ())]
+
+
 SPEC = KindSpec(
     name="reduce",
     order=1,
@@ -48,4 +59,5 @@ SPEC = KindSpec(
     type_of=_type,
     cost=streamed,
     reference=_reference,
+    side_values=siblings,
 )

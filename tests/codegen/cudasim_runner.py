@@ -159,6 +159,24 @@ GRAPHS = {
     "rows_layer_norm_stats": "(input x f32 [6 70])\n(param w f32 [70])\n"
     "(param b f32 [70])\n(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n"
     "(let v (Var x [1] 0 1))\n(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)",
+    # sibling reductions in one kernel (reduce_siblings.py), each with its accumulator: a
+    # batch norm's backward over a permuted domain (a block per channel, over finite
+    # values: 1152 of the inputs' special values would sum to NaN in every channel), a
+    # norm's weight and bias gradients (columns), three maxima by warps (NaN through each),
+    # means cast to float16 by an epilogue, rows of a thread each
+    "siblings_batch_norm": "(input i f32 [4 3 16 18])\n(input j f32 [4 3 16 18])\n"
+    "(input m f32 [1 3 1 1])\n(let z (Expand (Scalar 0.0 f32) [4 3 16 18]))\n"
+    "(let x (Where (Eq i i) (Tanh i) z))\n(let g (Where (Eq j j) (Tanh j) z))\n"
+    "(let db (Sum g [0 2 3] 0))\n(let dw (Sum (Mul g (Sub x m)) [0 2 3] 0))\n(output db dw)",
+    "siblings_columns": "(input g f32 [6 70])\n(input xh f32 [6 70])\n"
+    "(let dw (Sum (Mul g xh) [0] 0))\n(let db (Sum g [0] 0))\n(output dw db)",
+    "siblings_max_three": "(input x f32 [5 40])\n(input y f32 [5 40])\n"
+    "(let a (Amax x [1] 0))\n(let b (Amax (Mul x y) [1] 0))\n(let c (Amax (Neg x) [1] 0))\n"
+    "(output a b c)",
+    "siblings_mean_cast": "(input x f32 [9 40])\n(input y f32 [9 40])\n"
+    "(let a (Cast (Mean x [0] 0) f16))\n(let b (Cast (Mean (Mul x y) [0] 0) f16))\n(output a b)",
+    "siblings_row_thread": "(input x f32 [7 8])\n(input y f32 [7 8])\n"
+    "(let a (Sum x [1] 1))\n(let b (Sum (Mul x y) [1] 1))\n(output a b)",
     # statistics of other types, from a stage by the loops that read it (a row max's NaN
     # test, as bool and as int32); a loop that also reads another value stays one
     "rows_stats_bool_int": "(input x f32 [6 40])\n(input e f32 [6 1])\n"
@@ -270,8 +288,14 @@ def run_kernel(step, arrays, narrow: bool = False, err: np.ndarray | None = None
         flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy())
     if "err" in g.params.pointers:  # a fused take's error word
         flats.append(err if err is not None else np.zeros(1, dtype=np.int32))
-    stats = [  # a rows kernel's statistics (kinds/row_stat.py): one value per row, poisoned
-        np.full(sizes["outer"], np.nan if t in ("f32", "f64") else 7, dtype=ev.np_dtype(t))
+    # values written beside the output (kinds/row_stat.py), poisoned: a rows kernel's
+    # statistics (one per row), a reduction's siblings (shaped as its output)
+    stats = [
+        np.full(
+            math.prod(step.shape) if k.kind == "reduce" else sizes["outer"],
+            np.nan if t in ("f32", "f64") else 7,
+            dtype=ev.np_dtype(t),
+        )
         for _, t in k.attrs.get("stats", ())
     ]
     fn[blocks, threads](out, *flats, *stats, *[sizes[n] for n in g.params.ints])
@@ -297,7 +321,8 @@ def run_split(step, arrays, chunks: int = 3, narrow: bool = False):
     sizes["chunk"] = chunk
     outputs = outer * inner
     acc = np.dtype(part.pointer_types[0])
-    ws = np.full(max(chunks * outputs, 1), 7, dtype=acc)  # poisoned
+    siblings = len(k.attrs.get("stats", ()))  # their partials after the output's
+    ws = np.full(max((1 + siblings) * chunks * outputs, 1), 7, dtype=acc)  # poisoned
     flats = [
         np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy()
         for a in arrays
@@ -307,9 +332,14 @@ def run_split(step, arrays, chunks: int = 3, narrow: bool = False):
         ws, *flats, *[sizes[n] for n in part.params.ints]
     )
     out = _poisoned(step)
+    stats = [
+        np.full(outputs, np.nan if t in ("f32", "f64") else 7, dtype=ev.np_dtype(t))
+        for _, t in k.attrs.get("stats", ())
+    ]
     cuda.jit(cg.python_function(fold))[max(1, math.ceil(outputs / 32)), cg.THREADS](
-        out, ws, outputs, chunks, red
+        out, ws, *stats, outputs, chunks, red
     )
+    WRITTEN[step.output] = stats
     return out.reshape(step.shape)
 
 
@@ -1345,6 +1375,9 @@ def main(names: list[str]) -> int:
 BROADCAST_SUMS = ("col_sum_broadcasts", "full_sum_broadcasts", "row_sum_strided")
 SPLIT = (
     "reduce_apart",
+    "siblings_batch_norm",
+    "siblings_columns",
+    "siblings_mean_cast",
     "full_sum_long",
     "full_mean_2d",
     "row_max_long",

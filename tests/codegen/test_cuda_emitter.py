@@ -22,7 +22,7 @@ SIMULATED = [
     # half loops, sums and rows kernels (4 of them reading a take) rounded once from
     # float32; movement kernels
     ("movement", 156, 0, 65),
-    ("graphs", 85, 9, 0),  # every graph, then narrow and split (9 split reductions)
+    ("graphs", 90, 12, 0),  # every graph, then narrow and split (12 split reductions)
     # rolls; the block scheduler; rows kernels kept, by warps, re-read, by parts of warps; loops
     ("variants", 106, 0, 0),
 ]

@@ -409,6 +409,40 @@ def test_a_layer_norm_trains_on_the_gpu_with_statistics_from_its_rows_kernel(row
     assert kinds.count("row_stat") == 2 and "reduce" not in kinds, forward.to_text()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "channels", "side"), [(8, 16, 12), (2, 3, 40), (64, 8, 32)])
+def test_a_batch_norm_backward_sums_its_gradients_in_shared_kernels_on_the_gpu(
+    batch, channels, side
+):
+    """A training batch norm's backward sums the output gradient and its product with the
+    normalized input per channel: one reduce kernel each pair, the second sum written beside
+    the first (``reduce_siblings.py``; blocks per channel, and split into chunks where the
+    channels are too few), and every gradient is eager's on the CPU."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(channels)
+    x, g = torch.randn(batch, channels, side, side), torch.randn(batch, channels, side, side)
+
+    def f(x, w, b):
+        return torch.nn.functional.batch_norm(x, None, None, w, b, True, 0.1, 1e-5).relu()
+
+    leaves = [t.detach().clone().requires_grad_() for t in (x, bn.weight, bn.bias)]
+    want = f(*leaves)
+    (want * g).sum().backward()
+    dev = [t.detach().to("saturn:1").requires_grad_() for t in (x, bn.weight, bn.bias)]
+    before = backend.CACHE.compiles
+    got = torch.compile(f, backend="saturn", dynamic=False)(*dev)
+    (got * g.to("saturn:1")).sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for t, ref in zip(dev, leaves, strict=True):
+        torch.testing.assert_close(t.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
+    assert backend.CACHE.compiles - before == 2
+    backward = list(backend.CACHE.items.values())[-1].compiled.program
+    written = {k.inputs[0].value for k in backward.kernels if k.kind == "row_stat"}
+    beside = [k for k in backward.kernels if k.kind == "reduce" and k.output in written]
+    assert beside and all(len(k.attrs["stats"]) >= 1 for k in beside), backward.to_text()
+
+
 def test_a_training_graph_text_reads_back_as_the_same_graph():
     """A backward graph's host ops returning several results (a transposed convolution's
     backward) are read through ``Item`` nodes: the graph's text, as the compile cache keys

@@ -1,0 +1,135 @@
+"""Sibling reductions (``reduce_siblings.merge_siblings``): reductions over the same domain,
+axes and kind that read a common operand become one reduce kernel in GPU programs, the
+others written beside its output; the pass declines where that would change a value or
+read one before it is ready."""
+
+from __future__ import annotations
+
+from saturn.eqsat import reduce_siblings
+from saturn.eqsat.graph import parse_graph
+from saturn.eqsat.memory import plan_memory
+from saturn.eqsat.pipeline import compile_graph
+
+from .values import check_values
+
+BATCH_NORM = (
+    "(input x f32 [4 3 5 6])\n(input g f32 [4 3 5 6])\n(input m f32 [1 3 1 1])\n"
+    "(let db (Sum g [0 2 3] 0))\n(let dw (Sum (Mul g (Sub x m)) [0 2 3] 0))\n(output db dw)\n"
+)
+
+
+def program(text: str, machine: str = "gpu"):
+    graph = parse_graph(text)
+    return graph, compile_graph(graph, machine=machine, io_on_device=True).program
+
+
+def kinds(prog) -> list[str]:
+    return [k.kind for k in prog.kernels]
+
+
+def test_a_batch_norm_backwards_two_sums_are_one_kernel():
+    """The gradient's sum and its sum against the centred input, per channel: one kernel
+    reading the gradient once, the second sum written beside the first."""
+    graph, prog = program(BATCH_NORM)
+    assert kinds(prog) == ["reduce", "row_stat"], prog.to_text()
+    red, stat = prog.kernels
+    assert len(red.inputs) == 3  # g, x and the mean, each once
+    ((body, dtype),) = red.attrs["stats"]
+    assert dtype == "f32" and body[0] == "mul"
+    assert stat.inputs[0].value == red.output and stat.attrs["stat"] == 0
+    assert stat.covers == ["dw"] and red.covers == ["db"]  # explain still finds each op
+    check_values(graph, prog)
+
+
+def test_three_maxima_keep_their_nans_each():
+    graph, prog = program(
+        "(input x f32 [5 40])\n(input y f32 [5 40])\n(let a (Amax x [1] 0))\n"
+        "(let b (Amax (Mul x y) [1] 0))\n(let c (Amax (Neg x) [1] 0))\n(output a b c)\n"
+    )
+    assert kinds(prog) == ["reduce", "row_stat", "row_stat"], prog.to_text()
+    assert [k.attrs["stat"] for k in prog.kernels[1:]] == [0, 1]
+    check_values(graph, prog)
+
+
+def test_means_with_an_epilogue_share_it():
+    graph, prog = program(
+        "(input x f32 [9 40])\n(input y f32 [9 40])\n(let a (Cast (Mean x [0] 0) f16))\n"
+        "(let b (Cast (Mean (Mul x y) [0] 0) f16))\n(output a b)\n"
+    )
+    assert kinds(prog) == ["reduce", "row_stat"], prog.to_text()
+    assert prog.kernels[0].epilogue is not None and prog.kernels[1].dtype == "f16"
+    check_values(graph, prog)
+
+
+def test_at_most_siblings_max_reductions_share_a_kernel():
+    n = reduce_siblings.SIBLINGS_MAX + 1
+    lets = "".join(f"(let s{i} (Sum (Mul x (Scalar {i + 2}.0 f32)) [0] 0))\n" for i in range(n))
+    outs = " ".join(f"s{i}" for i in range(n))
+    graph, prog = program(f"(input x f32 [6 40])\n{lets}(output {outs})\n")
+    assert kinds(prog).count("reduce") == 2, prog.to_text()
+    assert kinds(prog).count("row_stat") == n - 2
+    assert max(len(k.attrs.get("stats", ())) for k in prog.kernels) == n - 2
+    check_values(graph, prog)
+
+
+def test_a_statistic_lives_from_its_reduction_in_the_memory_plan():
+    """The second sum's buffer is written by the merged kernel: the plan keeps it apart
+    from everything live there, the gradient among them (which dies there)."""
+    head = "(input a f32 [12 8])\n(param p f32 [8 30])\n(let q (MatMul a p))\n"
+    graph, prog = program(
+        head + "(input x f32 [12 30])\n(let db (Sum q [0] 0))\n"
+        "(let dw (Sum (Mul q x) [0] 0))\n(output db dw)\n"
+    )
+    assert kinds(prog) == ["gemm", "reduce", "row_stat"], prog.to_text()
+    plan = plan_memory(prog)
+    index = {s.output: i for i, s in enumerate(prog.steps)}
+    red = index[prog.kernels[1].output]
+    assert plan.slots[prog.kernels[0].output].last == red
+    assert plan.slots[prog.kernels[2].output].first == red
+    assert plan.overlaps() == []
+    check_values(graph, prog)
+
+
+def test_declines_where_one_reads_the_other():
+    graph, prog = program(
+        "(input x f32 [7 8])\n(input y f32 [7 8])\n(let a (Sum x [1] 1))\n(let c (Add y a))\n"
+        "(let b (Sum (Mul x c) [1] 1))\n(output a b)\n"
+    )
+    assert kinds(prog) == ["reduce", "reduce"], prog.to_text()
+    check_values(graph, prog)
+
+
+def test_declines_over_other_axes_kinds_or_keepdims():
+    for second in ("(Sum (Mul x y) [1] 0)", "(Amax (Mul x y) [0] 0)", "(Sum (Mul x y) [0] 1)"):
+        graph, prog = program(
+            f"(input x f32 [6 40])\n(input y f32 [6 40])\n(let a (Sum x [0] 0))\n"
+            f"(let b {second})\n(output a b)\n"
+        )
+        assert "row_stat" not in kinds(prog), (second, prog.to_text())
+        check_values(graph, prog)
+
+
+def test_declines_without_a_common_operand():
+    graph, prog = program(
+        "(input x f32 [6 40])\n(input y f32 [6 40])\n(let a (Sum x [0] 0))\n"
+        "(let b (Sum (Exp y) [0] 0))\n(output a b)\n"
+    )
+    assert kinds(prog) == ["reduce", "reduce"], prog.to_text()
+    check_values(graph, prog)
+
+
+def test_declines_where_the_first_is_read_before_the_seconds_operand_is_ready():
+    """The column sum is read by a loop before the loop that makes the second sum's
+    operand: merged where the first runs, the second would read that operand too early;
+    merged where the second runs, the loop would read the first too early."""
+    graph, prog = program(
+        "(input x f32 [6 40])\n(input y f32 [6 40])\n(let a (Sum x [0] 1))\n"
+        "(let c (Mul x a))\n(let y2 (Exp y))\n(let b (Sum (Mul x y2) [0] 1))\n(output c y2 b)\n"
+    )
+    assert kinds(prog) == ["reduce", "loop", "loop", "reduce"], prog.to_text()
+    check_values(graph, prog)
+
+
+def test_cpu_reference_programs_keep_each_reduction():
+    _, prog = program(BATCH_NORM, "cpu-reference")
+    assert kinds(prog) == ["reduce", "reduce"]
