@@ -51,6 +51,7 @@ from .cubins import (  # noqa: F401 (entry_name, precompile, ...: this module's 
     python_function,
     signature,
 )
+from .cuda_group import group_sizes, group_source, is_group
 from .cuda_load import core_stream, grid_for, load
 from .cuda_reads import (
     HALVES,
@@ -191,6 +192,8 @@ def generate(k: Kernel, lanes: int | None = None, narrow: bool = False) -> Gener
 
 
 def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
+    if is_group(k):  # scalar accesses, one loop after another
+        lanes = 1
     if lanes is None:
         lanes = {"loop": vector_lanes, "rows": rows_lanes}.get(k.kind, lambda k: 1)(k)
     fn = f"{k.kind}_{_ops_named(k)}{_digest(k, lanes, narrow)}"
@@ -201,7 +204,10 @@ def _generate(k: Kernel, lanes: int | None, narrow: bool) -> Generated:
         raise KernelError(f"the CUDA emitter has no kernels for dtype {bad[0]}")
     _refuse_halves(k)
     halves = any(d in HALVES for d in dtypes) or _casts_to_half(k)
-    if k.kind == Kind.LOOP:
+    if k.kind == Kind.LOOP and is_group(k):
+        body, params = group_source(k, fn)
+        style = "loop-group"
+    elif k.kind == Kind.LOOP:
         body, params = loop_source(k, fn, lanes, narrow)
         style = "loop"
     elif k.kind == Kind.REDUCE:
@@ -350,6 +356,8 @@ def size_args(
     vals: dict[str, int] = {f"s{d}": s for d, s in enumerate(domain)}
     if k.kind == Kind.LOOP:
         vals["n"] = math.prod(domain)
+        if is_group(k):  # the loops beside it
+            vals.update(group_sizes(k))
     elif k.kind == Kind.ROWS:
         vals["red"] = domain[-1] if domain else 1
         vals["outer"] = math.prod(domain) // vals["red"] if vals["red"] else 0

@@ -17,6 +17,9 @@ from .generated import THREADS, Generated
 
 def grid_for(g: Generated, sizes: dict[str, int], sm_count: int = 132) -> tuple[int, int]:
     """(blocks, threads per block) for a launch with these sizes."""
+    if g.style == "loop-group":  # threads for the largest of its loops
+        n = max(max(sizes[p] for p in g.params.ints), 1)
+        return max(1, min(math.ceil(n / THREADS), int(sm_count * BLOCKS_PER_SM))), THREADS
     if g.style in ("loop", "copy"):
         n = max(sizes["n"] // g.lanes, 1)
         # a bounded number of blocks per SM; each thread then strides through the rest

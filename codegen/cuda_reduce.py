@@ -44,7 +44,7 @@ def reduce_layout(k: Kernel) -> tuple[int, int, int]:
 def _names(k: Kernel) -> tuple[list[str], list[str]]:
     """The accumulators of a reduction and the element values they fold: ``acc`` and
     ``v`` for its output, ``acc1``, ``v1``, ... for each sibling it computes beside it
-    (``attrs["stats"]``, ``eqsat/reduce_siblings.py``)."""
+    (``attrs["stats"]``, ``eqsat/horizontal.py``)."""
     n = 1 + len(k.attrs.get("stats", ()))
     return ["acc", *[f"acc{j}" for j in range(1, n)]], ["v", *[f"v{j}" for j in range(1, n)]]
 

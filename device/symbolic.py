@@ -74,6 +74,9 @@ def instantiate(program: Program, sizes: dict[int, int]) -> Program:
                 domain=shape(k.domain),
                 inputs=[Operand(o.value, o.dtype, shape(o.shape), o.indexing) for o in k.inputs],
             )
+            if "segments" in k.attrs:  # a loop group's other loops' domains
+                segments = tuple(shape(d) for d in k.attrs["segments"])
+                k = dataclasses.replace(k, attrs={**k.attrs, "segments": segments})
         # a view's shape and an Arange's length hold markers; other constants do not
         sized = s.kind == StepKind.VIEW or (s.kind == StepKind.CONST and s.op == "Arange")
         attrs = _ints(s.attrs, sizes) if sized else s.attrs
@@ -131,6 +134,7 @@ def extent_markers(recipe: Recipe) -> set[int]:
             note(st.attrs)
         if st.kernel is not None:
             note((st.kernel.shape, st.kernel.domain, [o.shape for o in st.kernel.inputs]))
+            note(st.kernel.attrs.get("segments", ()))
     for spec in [*recipe.inputs, *recipe.output_types]:
         if spec is not None:
             note((spec.shape, spec.strides or ()))

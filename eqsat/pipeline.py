@@ -15,12 +15,12 @@ from .costs import MACHINES
 from .egraph import Bounds, EGraphView, Saturation, SaturationReport
 from .extract import CostModel, infer_placement, infer_types, program_cost
 from .graph import Graph
+from .horizontal import group_loops, merge_siblings
 from .kernel_fusion import fuse_row_takes, inline_row_producers, merge_concats, reuse_written
 from .lowering import lower
 from .materialise import extract_shared
 from .ownership import OutputOwnership, output_ownership
 from .program import Program
-from .reduce_siblings import merge_siblings
 from .reshape_fusion import inline_through_reshapes
 from .rows_fusion import fuse_rows
 from .schema import half_facts
@@ -112,7 +112,8 @@ def compile_graph(
     if machine == "gpu":  # the CUDA emitter's rows kernels (the CPU emitter has none)
         program = fuse_row_takes(inline_row_producers(fuse_rows(reuse_written(program))))
         program = inline_through_reshapes(channels_last(program))
-        program = merge_siblings(merge_concats(write_through_copies(program)))
+        program = merge_concats(write_through_copies(program))
+        program = group_loops(merge_siblings(program))
     # 5. ownership: outputs the program would hand out sharing memory eager keeps apart
     ownership = output_ownership(graph, program)
     cost = program_cost(best, roots)

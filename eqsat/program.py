@@ -133,10 +133,12 @@ def format_step(s: Step) -> str:
         attrs = "".join(
             f" {a}={fmt_attr_value(v)}"
             for a, v in sorted(k.attrs.items())
-            if a not in ("acc_dtype", "stats")
+            if a not in ("acc_dtype", "stats", "segments")
         )
-        if k.attrs.get("stats"):  # a rows kernel's statistics (kinds/row_stat.py)
+        if k.attrs.get("stats"):  # values written beside the output (kinds/row_stat.py)
             attrs += f" stats [{'; '.join(f'{format_expr(e)}:{t}' for e, t in k.attrs['stats'])}]"
+        if k.attrs.get("segments"):  # a loop group's other loops' domains
+            attrs += f" segments [{' '.join(fmt_ints(d) for d in k.attrs['segments'])}]"
         body = f" body {format_expr(k.body)}" if k.body is not None else ""
         if k.epilogue is not None:
             body += f" then {format_expr(k.epilogue).replace('in0', 'acc')}"

@@ -29,7 +29,7 @@ import numpy as np
 from . import optable as ot
 from .graph import bits_float
 from .kinds import Kind, facts
-from .program import Program, Step, StepKind
+from .program import Program, Step, StepKind, leaves
 
 Interval = tuple[float, float]
 UNBOUNDED: Interval = (-math.inf, math.inf)
@@ -154,14 +154,26 @@ def value_bounds(prog: Program, name: str) -> Interval:
         if s.kind == StepKind.VIEW and s.op in VIEWS:
             return go(s.args[0])
         k = s.kernel
-        if s.kind == StepKind.KERNEL and k is not None and k.kind == Kind.LOOP:
-            dtypes = [s.dtype, *(o.dtype for o in k.inputs)]
-            if any(d not in ot.INTS and d != "bool" for d in dtypes):
-                return UNBOUNDED  # a float or a cast along the way: not followed
-            widths = [_limits(d) for d in dtypes if d in ot.INTS]
-            limits = (max(w[0] for w in widths), min(w[1] for w in widths))
-            return _body(k.body, [go(o.value) for o in k.inputs], limits)
+        if s.kind != StepKind.KERNEL or k is None:
+            return UNBOUNDED
+        if k.kind == Kind.LOOP:
+            return _loop(k.body, s.dtype, k.inputs)
+        writer = steps.get(k.inputs[0].value) if k.kind == Kind.ROW_STAT else None
+        if writer is not None and writer.kernel.kind == Kind.LOOP:  # a loop group's loop
+            body, dtype = writer.kernel.attrs["stats"][k.attrs["stat"]]
+            return _loop(body, dtype, writer.kernel.inputs)
         return UNBOUNDED
+
+    def _loop(body: tuple, dtype: str, inputs: list) -> Interval:
+        used = {leaf[1] for leaf in leaves(body) if leaf[0] == "in"}
+        dtypes = [dtype, *(o.dtype for i, o in enumerate(inputs) if i in used)]
+        if any(d not in ot.INTS and d != "bool" for d in dtypes):
+            return UNBOUNDED  # a float or a cast along the way: not followed
+        widths = [_limits(d) for d in dtypes if d in ot.INTS]
+        limits = (max(w[0] for w in widths), min(w[1] for w in widths))
+        return _body(
+            body, [go(o.value) if i in used else UNBOUNDED for i, o in enumerate(inputs)], limits
+        )
 
     return go(name)
 

@@ -14,6 +14,18 @@ def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
     return np.array(v, dtype=np_dtype(k.dtype))
 
 
+def grouped(k, operands: list[np.ndarray]) -> list[np.ndarray]:
+    """The loops a loop kernel runs beside its own (``attrs["stats"]``: a body over its
+    operands and the dtype each; ``attrs["segments"]``: the domain each;
+    ``horizontal.group_loops``)."""
+    return [
+        np.array(np.reshape(eval_expr(body, operands), shape), dtype=np_dtype(dtype))
+        for (body, dtype), shape in zip(
+            k.attrs.get("stats", ()), k.attrs.get("segments", ()), strict=True
+        )
+    ]
+
+
 SPEC = KindSpec(
     name="loop",
     order=0,
@@ -26,4 +38,5 @@ SPEC = KindSpec(
     type_of=lambda attrs, kids: kids[0],
     cost=streamed,
     reference=_reference,
+    side_values=grouped,
 )

@@ -43,7 +43,7 @@ def _reference(k, operands: list[np.ndarray]) -> np.ndarray:
 def siblings(k, operands: list[np.ndarray]) -> list[np.ndarray]:
     """The reductions a reduce kernel computes beside its output (``attrs["stats"]``: a
     body over its operands and the dtype each, reduced as the output is;
-    ``reduce_siblings.py``)."""
+    ``horizontal.py``)."""
     return [_reduced(k, body, operands) for body, _ in k.attrs.get("stats", ())]
 
 

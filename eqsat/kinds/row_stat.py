@@ -2,7 +2,7 @@
 norm's mean and reciprocal deviation, kept for the backward): ``rows_fusion.fuse_rows``
 makes the rows kernel compute them (``attrs["stats"]``: an expression over its stages, and
 the value's dtype, per statistic). A reduce kernel's sibling reductions (a norm's weight and
-bias gradients): ``reduce_siblings.merge_siblings`` makes it accumulate them
+bias gradients): ``horizontal.merge_siblings`` makes it accumulate them
 (``attrs["stats"]``: a body over its operands and the dtype, each reduced as the output
 is). No rule makes either: the pass puts this step right after the kernel, named as the
 value, reading the kernel's output; ``attrs["stat"]`` is the value's index. The step

@@ -159,7 +159,7 @@ GRAPHS = {
     "rows_layer_norm_stats": "(input x f32 [6 70])\n(param w f32 [70])\n"
     "(param b f32 [70])\n(let r (LayerNorm x w b [1] 1e-05))\n(let m (Mean x [1] 1))\n"
     "(let v (Var x [1] 0 1))\n(let rs (Rsqrt (Add v (Scalar 1e-05 f32))))\n(output r m rs)",
-    # sibling reductions in one kernel (reduce_siblings.py), each with its accumulator: a
+    # sibling reductions in one kernel (horizontal.py), each with its accumulator: a
     # batch norm's backward over a permuted domain (a block per channel, over finite
     # values: 1152 of the inputs' special values would sum to NaN in every channel), a
     # norm's weight and bias gradients (columns), three maxima by warps (NaN through each),
@@ -177,6 +177,13 @@ GRAPHS = {
     "(let a (Cast (Mean x [0] 0) f16))\n(let b (Cast (Mean (Mul x y) [0] 0) f16))\n(output a b)",
     "siblings_row_thread": "(input x f32 [7 8])\n(input y f32 [7 8])\n"
     "(let a (Sum x [1] 1))\n(let b (Sum (Mul x y) [1] 1))\n(output a b)",
+    # small loops run by one launch (horizontal.py's group_loops), each over its own
+    # domain: updates in three dtypes, a comparison stored as bytes, a cast to float16
+    "group_loops": "(input p f32 [3 5])\n(input g f32 [3 5])\n(input q f32 [7])\n"
+    "(input h f32 [7])\n(input r f64 [2 3 4])\n(input e f64 [2 3 4])\n"
+    "(let a (Sub p (Mul g (Scalar 0.1 f32))))\n(let b (Sub q (Mul h (Scalar 0.1 f32))))\n"
+    "(let c (Sub r (Mul e (Scalar 0.1 f64))))\n(let d (Gt q h))\n"
+    "(let f (Cast (Mul p g) f16))\n(output a b c d f)",
     # statistics of other types, from a stage by the loops that read it (a row max's NaN
     # test, as bool and as int32); a loop that also reads another value stays one
     "rows_stats_bool_int": "(input x f32 [6 40])\n(input e f32 [6 1])\n"
@@ -288,15 +295,17 @@ def run_kernel(step, arrays, narrow: bool = False, err: np.ndarray | None = None
         flats.append(np.ascontiguousarray(a).reshape(-1) if not _strided(a) else base_of(a).copy())
     if "err" in g.params.pointers:  # a fused take's error word
         flats.append(err if err is not None else np.zeros(1, dtype=np.int32))
-    # values written beside the output (kinds/row_stat.py), poisoned: a rows kernel's
-    # statistics (one per row), a reduction's siblings (shaped as its output)
-    stats = [
-        np.full(
-            math.prod(step.shape) if k.kind == "reduce" else sizes["outer"],
-            np.nan if t in ("f32", "f64") else 7,
-            dtype=ev.np_dtype(t),
-        )
-        for _, t in k.attrs.get("stats", ())
+
+    def size(j: int) -> int:  # values written beside the output (kinds/row_stat.py)
+        if k.kind == "rows":  # a statistic per row
+            return sizes["outer"]
+        if "segments" in k.attrs:  # a loop group's other loops, each over its segment
+            return math.prod(k.attrs["segments"][j])
+        return math.prod(step.shape)  # a reduction's siblings
+
+    stats = [  # poisoned
+        np.full(size(j), np.nan if t in ("f32", "f64") else 7, dtype=ev.np_dtype(t))
+        for j, (_, t) in enumerate(k.attrs.get("stats", ()))
     ]
     fn[blocks, threads](out, *flats, *stats, *[sizes[n] for n in g.params.ints])
     WRITTEN[step.output] = stats

@@ -40,6 +40,31 @@ def test_instantiate_rewrites_extents_not_constants():
     assert prog.steps[1].kernel.domain == (2, M0)  # the template is untouched
 
 
+def test_instantiate_sizes_a_loop_groups_other_loops():
+    """A loop group (``horizontal.group_loops``) over a symbolic length: the domain of each
+    loop beside its own is an extent too."""
+    from saturn.eqsat.horizontal import group_loops
+
+    steps, outs = [], []
+    for i, shape in enumerate(((M0,), (1, M0))):
+        x, y = f"x{i}", f"y{i}"
+        k = Kernel(
+            "loop", y, "f32", shape, [Operand(x, "f32", shape, "same")], ("exp", ("in", 0)), shape
+        )
+        steps += [
+            Step("input", x, dtype="f32", shape=shape),
+            Step("kernel", y, dtype="f32", shape=shape, kernel=k, place="device"),
+        ]
+        outs.append(y)
+    prog = group_loops(Program(steps, outs, {"a": "x0", "b": "x1"}))
+    lead = next(s.kernel for s in prog.steps if s.kernel is not None and s.kernel.kind == "loop")
+    assert lead.attrs["segments"] == ((1, M0),), prog.to_text()
+    got = instantiate(prog, {M0: 5})
+    lead = next(s.kernel for s in got.steps if s.kernel is not None and s.kernel.kind == "loop")
+    assert lead.domain == (5,) and lead.attrs["segments"] == ((1, 5),)
+    assert [s.shape for s in got.steps if s.kernel is not None] == [(5,), (1, 5)]
+
+
 def test_instantiate_gives_an_arange_its_length():
     prog = Program(
         [

@@ -295,6 +295,41 @@ def test_compiled_optimizer_step_matches_eager(kind):
     assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_compiled_optimizer_step_on_the_gpu_updates_parameters_by_grouped_launches(kind):
+    """opt.step compiled on saturn:1: the small parameters' updates run a few to a launch
+    (``horizontal.group_loops``), each written where eager would put it, and the
+    parameters match eager CPU training after 10 steps."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref, dev = copy.deepcopy(model), copy.deepcopy(model).to("saturn:1")
+
+    def make(params):
+        if kind == "sgd":
+            return torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+        return torch.optim.AdamW(params, lr=1e-2)
+
+    opt_ref, opt_dev = make(ref.parameters()), make(dev.parameters())
+    step = torch.compile(opt_dev.step, backend="saturn")
+    data = [(torch.randn(16, 8), torch.randn(16, 4)) for _ in range(4)]
+    fallbacks_before = len(backend.CACHE.fallbacks)
+    for i in range(10):
+        x, y = data[i % 4]
+        opt_ref.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt_ref.step()
+        opt_dev.zero_grad()
+        torch.nn.functional.mse_loss(dev(x.to("saturn:1")), y.to("saturn:1")).backward()
+        step()
+    assert backend.CACHE.fallbacks[fallbacks_before:] == []
+    assert_parameters_match(ref, dev)
+    prog = next(reversed(backend.CACHE.items.values())).compiled.program
+    groups = [k for k in prog.kernels if k.kind == "loop" and "segments" in k.attrs]
+    assert groups and any(k.kind == "row_stat" for k in prog.kernels), prog.to_text()
+
+
 def test_training_and_optimizer_graphs_emit_gpu_kernels():
     """Without a GPU: a GPT-style model's forward and backward graphs and a default AdamW
     step, compiled for the GPU machine, lower to kernels the CUDA emitter takes (no host
@@ -416,7 +451,7 @@ def test_a_batch_norm_backward_sums_its_gradients_in_shared_kernels_on_the_gpu(
 ):
     """A training batch norm's backward sums the output gradient and its product with the
     normalized input per channel: one reduce kernel each pair, the second sum written beside
-    the first (``reduce_siblings.py``; blocks per channel, and split into chunks where the
+    the first (``horizontal.py``; blocks per channel, and split into chunks where the
     channels are too few), and every gradient is eager's on the CPU."""
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -1,11 +1,13 @@
-"""Sibling reductions (``reduce_siblings.merge_siblings``): reductions over the same domain,
-axes and kind that read a common operand become one reduce kernel in GPU programs, the
-others written beside its output; the pass declines where that would change a value or
-read one before it is ready."""
+"""Kernels merged side by side (``eqsat/horizontal.py``) in GPU programs: sibling
+reductions (the same domain, axes and kind, a common operand) become one reduce kernel,
+small elementwise loops one launch, the others written beside the kernel's output; each
+pass declines where that would change a value or read one before it is ready."""
 
 from __future__ import annotations
 
-from saturn.eqsat import reduce_siblings
+import pytest
+
+from saturn.eqsat import horizontal
 from saturn.eqsat.graph import parse_graph
 from saturn.eqsat.memory import plan_memory
 from saturn.eqsat.pipeline import compile_graph
@@ -62,7 +64,7 @@ def test_means_with_an_epilogue_share_it():
 
 
 def test_at_most_siblings_max_reductions_share_a_kernel():
-    n = reduce_siblings.SIBLINGS_MAX + 1
+    n = horizontal.SIBLINGS_MAX + 1
     lets = "".join(f"(let s{i} (Sum (Mul x (Scalar {i + 2}.0 f32)) [0] 0))\n" for i in range(n))
     outs = " ".join(f"s{i}" for i in range(n))
     graph, prog = program(f"(input x f32 [6 40])\n{lets}(output {outs})\n")
@@ -133,3 +135,82 @@ def test_declines_where_the_first_is_read_before_the_seconds_operand_is_ready():
 def test_cpu_reference_programs_keep_each_reduction():
     _, prog = program(BATCH_NORM, "cpu-reference")
     assert kinds(prog) == ["reduce", "reduce"]
+
+
+# --- grouped loops ----------------------------------------------------------------------
+
+UPDATES = (
+    "(input p f32 [3 5])\n(input g f32 [3 5])\n(input q f32 [7])\n(input h f32 [7])\n"
+    "(input r f64 [2 3 4])\n(input e f64 [2 3 4])\n"
+    "(let a (Sub p (Mul g (Scalar 0.1 f32))))\n(let b (Sub q (Mul h (Scalar 0.1 f32))))\n"
+    "(let c (Sub r (Mul e (Scalar 0.1 f64))))\n(let d (Gt q h))\n(output a b c d)\n"
+)
+
+
+def test_small_loops_are_one_launch_each_over_its_domain():
+    """An optimizer's updates of small parameters: one kernel, each other loop written
+    beside its output over its own domain and dtype."""
+    graph, prog = program(UPDATES)
+    assert kinds(prog) == ["loop", "row_stat", "row_stat", "row_stat"], prog.to_text()
+    lead = prog.kernels[0]
+    assert lead.attrs["segments"] == ((7,), (2, 3, 4), (7,))
+    assert [t for _, t in lead.attrs["stats"]] == ["f32", "f64", "bool"]
+    assert [k.covers for k in prog.kernels] == [["a"], ["b"], ["c"], ["d"]]
+    check_values(graph, prog)
+
+
+def test_at_most_group_max_loops_share_a_launch():
+    n = horizontal.GROUP_MAX + 3
+    ins = "".join(f"(input x{i} f32 [{i + 2}])\n" for i in range(n))
+    lets = "".join(f"(let y{i} (Exp x{i}))\n" for i in range(n))
+    outs = " ".join(f"y{i}" for i in range(n))
+    graph, prog = program(f"{ins}{lets}(output {outs})\n")
+    assert kinds(prog).count("loop") == 2, prog.to_text()
+    assert kinds(prog).count("row_stat") == n - 2
+    check_values(graph, prog)
+
+
+def test_loop_groups_decline_large_broadcast_and_dependent_loops():
+    big = horizontal.GROUP_NUMEL_MAX + 1
+    graph, prog = program(
+        f"(input x f32 [{big}])\n(input y f32 [7])\n(input z f32 [7])\n(input w f32 [3 7])\n"
+        "(let a (Exp x))\n(let b (Exp y))\n(let c (Mul b z))\n(let d (Add w y))\n"
+        "(output a b c d)\n"
+    )
+    # the large loop keeps its own kernel, the broadcast one too, and the product reads
+    # the exponential: nothing to group
+    assert "row_stat" not in kinds(prog), prog.to_text()
+    check_values(graph, prog)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_grouped_index_clamp_keeps_its_bounds(first, monkeypatch):
+    """A clamp of token ids run beside another loop, as the group's own loop or beside it,
+    is still known to lie in the table's rows: the take that reads it needs no index
+    check after the call."""
+    from saturn.eqsat import pipeline
+    from saturn.eqsat.ranges import indices_in_range, value_bounds
+
+    text = (
+        "(input table f32 [10 4])\n(input ids i64 [2 3])\n(input x f32 [5])\n"
+        "(let i (Minimum (Maximum ids (Scalar 0 i64)) (Scalar 9 i64)))\n"
+        "(let t (Take table i))\n(let e (Exp x))\n(output t e i)\n"
+    )
+    monkeypatch.setattr(pipeline, "group_loops", lambda p: p)
+    graph, apart = program(text)
+    pos = {s.covers[0]: j for j, s in enumerate(apart.steps) if s.kernel is not None}
+    clamp, exp = apart.steps[pos["i"]], apart.steps[pos["e"]]
+    group = horizontal._Group(clamp if first else exp, min(pos["i"], pos["e"]))
+    group.members.append(exp if first else clamp)
+    prog = horizontal._rebuilt(apart, [group], horizontal._group_attrs)
+    (step,) = [s for s in prog.steps if s.covers == ["i"]]
+    assert step.kernel.kind == ("loop" if first else "row_stat"), prog.to_text()
+    assert value_bounds(prog, step.output) == (0.0, 9.0)
+    take = next(s for s in prog.steps if s.kernel is not None and s.kernel.kind == "gather")
+    assert indices_in_range(prog, take), prog.to_text()
+    check_values(graph, prog)
+
+
+def test_cpu_reference_programs_keep_each_loop():
+    _, prog = program(UPDATES, "cpu-reference")
+    assert "row_stat" not in kinds(prog)
