@@ -277,7 +277,10 @@ def _ops_named(k: Kernel) -> str:
 
 
 def _digest(k: Kernel, *extra) -> str:
-    key = (k.kind, k.body, k.epilogue, k.stages, len(k.domain), k.dtype, k.attrs, *extra)
+    attrs, rank = k.attrs, len(k.domain)
+    if "segments" in attrs:  # a loop group reads flat: its domains are launch sizes only
+        attrs, rank = {**attrs, "segments": len(attrs["segments"])}, 0
+    key = (k.kind, k.body, k.epilogue, k.stages, rank, k.dtype, attrs, *extra)
     return hashlib.sha256(
         repr((*key, [(o.dtype, o.indexing) for o in k.inputs])).encode()
     ).hexdigest()[:12]

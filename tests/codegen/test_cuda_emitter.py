@@ -517,3 +517,28 @@ def test_a_vector_body_is_written_once_and_inlined():
     assert g.lanes == 4 and g.style == "rows"
     assert [len(re.findall(rf"\b{g.name}_b{n}\(", g.source)) for n in range(4)] == [5, 5, 5, 0]
     assert not re.search(r"\bcall(\.uni)?\b", cg.ptx(g, (9, 0)))
+
+
+def test_loop_groups_of_other_sizes_share_one_source():
+    """A loop group reads flat and takes its loops' lengths at launch: parameter updates
+    of other shapes and ranks (an optimizer's groups) are one kernel to build, and its
+    grid covers the largest loop."""
+
+    def updates(shapes: list[str]) -> str:
+        ins = "".join(f"(input p{i} f32 {s})\n(input g{i} f32 {s})\n" for i, s in enumerate(shapes))
+        lets = "".join(f"(let u{i} (Sub p{i} g{i}))\n" for i in range(len(shapes)))
+        return ins + lets + f"(output {' '.join(f'u{i}' for i in range(len(shapes)))})\n"
+
+    (a, *_), (b, *_) = (
+        kernels_of(updates(["[3 5]", "[7]"])),
+        kernels_of(updates(["[9]", "[2 2 2]"])),
+    )
+    assert "segments" in a.attrs and "segments" in b.attrs
+    ga, gb = cg.generate(a), cg.generate(b)
+    assert ga.source == gb.source and ga.style == "loop-group"
+    sizes = cg.size_args(gb, b, [o.shape for o in b.inputs], [(1,)] * len(b.inputs))
+    assert (sizes["n"], sizes["n1"]) == (9, 8)
+    assert cuda_load.grid_for(gb, sizes) == (1, cg.THREADS)
+    # a group of a different length is another kernel
+    (c, *_) = kernels_of(updates(["[9]", "[2 2 2]", "[4]"]))
+    assert cg.generate(c).source != ga.source
