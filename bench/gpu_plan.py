@@ -72,68 +72,31 @@ def build_seconds(gens: list) -> float:
                 os.environ["SATURN_CACHE_DIR"] = old
 
 
-def plan(
+def each_graph(
     name: str,
     dtype: str,
     size: str,
-    ptx: bool = False,
+    visit,
     rewrites: tuple[str, ...] = (),
     training: bool = False,
-) -> list[dict]:
+) -> None:
+    """Run zoo model ``name`` once on saturn:0 and call ``visit(graph, kw)`` with each graph
+    it hands saturn, imported as for a GPU target (``kw``: the compile's options, for
+    ``compile_graph`` with ``machine="gpu", io_on_device=True`` added)."""
     import saturn  # noqa: F401
     from saturn import backend, sdpa
-    from saturn.eqsat.kinds import facts
-    from saturn.eqsat.pipeline import compile_graph
     from saturn.importer import import_graph
-    from saturn.view_copies import view_copies
 
-    planned: list[dict] = []
-    real = backend.compile_cached
+    real, real_fx = backend.compile_cached, backend.compile_fx
 
     def also_for_gpu(graph, **kw):
         out = real(graph, **kw)
         gm = copy.deepcopy(also_for_gpu.gm)  # importing may annotate the graph module
         t = time.perf_counter()
         imported = import_graph(gm, replacements=True)
-        t_import = time.perf_counter() - t
-        t = time.perf_counter()
-        c = compile_graph(imported.graph, **{**kw, "machine": "gpu", "io_on_device": True})
-        compile_s = time.perf_counter() - t
-        host = Counter(
-            f"{s.op.split('#')[0]} {s.dtype}{list(s.shape)}"
-            for s in c.program.steps
-            if s.kind == "host"
-        )
-        gens = kernel_sources(c.program)
-        distinct = {g.source for g in gens}
-        built = build_seconds(gens) if ptx else None
-        planned.append(
-            {
-                "generated": len(gens),
-                "distinct": len(distinct),
-                "build_s": built,
-                "ops": len(imported.graph.nodes),
-                "host": host,
-                "crossings": c.program.count("crossing"),
-                # launched: a row statistic is written by its rows kernel
-                "kernels": sum(not facts(k.kind).side for k in c.program.kernels),
-                "custom": sum(k.kind == "custom" for k in c.program.kernels),
-                "kinds": Counter(k.kind for k in c.program.kernels),
-                "view_copies": view_copies(c.program),
-                "list": [
-                    f"{k.kind:9} {k.dtype}{list(k.shape)} <- "
-                    + ", ".join(f"{o.dtype}{list(o.shape)}" for o in k.inputs)
-                    + f"  [{' '.join(k.covers[:6])}{' ...' if len(k.covers) > 6 else ''}]"
-                    + (f" fused {len(k.fused)}" if k.fused else "")
-                    for k in c.program.kernels
-                ],
-                "import_s": t_import,
-                "compile_s": compile_s,
-            }
-        )
+        kw = {**kw, "machine": "gpu", "io_on_device": True, "import_s": time.perf_counter() - t}
+        visit(imported.graph, kw)
         return out
-
-    real_fx = backend.compile_fx
 
     def capture(gm, *a, **kw):
         also_for_gpu.gm = gm
@@ -160,6 +123,61 @@ def plan(
     finally:
         backend.compile_cached, backend.compile_fx = real, real_fx
         sdpa.on_fused_device = real_device
+
+
+def plan(
+    name: str,
+    dtype: str,
+    size: str,
+    ptx: bool = False,
+    rewrites: tuple[str, ...] = (),
+    training: bool = False,
+) -> list[dict]:
+    from saturn.eqsat.kinds import facts
+    from saturn.eqsat.pipeline import compile_graph
+    from saturn.view_copies import view_copies
+
+    planned: list[dict] = []
+
+    def visit(graph, kw):
+        t_import = kw.pop("import_s")
+        t = time.perf_counter()
+        c = compile_graph(graph, **kw)
+        compile_s = time.perf_counter() - t
+        host = Counter(
+            f"{s.op.split('#')[0]} {s.dtype}{list(s.shape)}"
+            for s in c.program.steps
+            if s.kind == "host"
+        )
+        gens = kernel_sources(c.program)
+        distinct = {g.source for g in gens}
+        built = build_seconds(gens) if ptx else None
+        planned.append(
+            {
+                "generated": len(gens),
+                "distinct": len(distinct),
+                "build_s": built,
+                "ops": len(graph.nodes),
+                "host": host,
+                "crossings": c.program.count("crossing"),
+                # launched: a value written beside a kernel launches nothing
+                "kernels": sum(not facts(k.kind).side for k in c.program.kernels),
+                "custom": sum(k.kind == "custom" for k in c.program.kernels),
+                "kinds": Counter(k.kind for k in c.program.kernels),
+                "view_copies": view_copies(c.program),
+                "list": [
+                    f"{k.kind:9} {k.dtype}{list(k.shape)} <- "
+                    + ", ".join(f"{o.dtype}{list(o.shape)}" for o in k.inputs)
+                    + f"  [{' '.join(k.covers[:6])}{' ...' if len(k.covers) > 6 else ''}]"
+                    + (f" fused {len(k.fused)}" if k.fused else "")
+                    for k in c.program.kernels
+                ],
+                "import_s": t_import,
+                "compile_s": compile_s,
+            }
+        )
+
+    each_graph(name, dtype, size, visit, rewrites, training)
     return planned
 
 

@@ -13,11 +13,9 @@ the same (else the largest difference).
 from __future__ import annotations
 
 import argparse
-import copy
 
+import gpu_plan
 import numpy as np
-import torch  # noqa: F401 (before saturn: the device registers with torch)
-import zoo
 
 BINARY = {"bool", "i8", "u8", "i16", "i32", "i64"}
 
@@ -50,56 +48,38 @@ def compare(a: list, b: list) -> str:
 
 
 def parity(name: str, without: list[str], dtype: str, training: bool) -> list[str]:
-    import saturn  # noqa: F401
-    from saturn import backend, sdpa
     from saturn.eqsat import evaluate as ev
     from saturn.eqsat import pipeline
     from saturn.eqsat.kinds import facts
-    from saturn.importer import import_graph
 
     rows: list[str] = []
-    real, real_fx = backend.compile_cached, backend.compile_fx
 
     def launches(prog) -> int:
         return sum(not facts(k.kind).side for k in prog.kernels)
 
-    def both(graph, **kw):
-        out = real(graph, **kw)
-        g = import_graph(copy.deepcopy(both.gm), replacements=True).graph
-        kw = {**kw, "machine": "gpu", "io_on_device": True}
-        kept = pipeline.compile_graph(g, **kw).program
+    def visit(graph, kw):
+        kw.pop("import_s")
+        kept = pipeline.compile_graph(graph, **kw).program
         saved = {p: getattr(pipeline, p) for p in without}
         for p in without:
             setattr(pipeline, p, lambda prog: prog)
         try:
-            apart = pipeline.compile_graph(g, **kw).program
+            apart = pipeline.compile_graph(graph, **kw).program
         finally:
             for p, f in saved.items():
                 setattr(pipeline, p, f)
         side = kept.count("kernel") - launches(kept) - (apart.count("kernel") - launches(apart))
         line = f"{name} graph {len(rows)}: {side} values beside, "
         line += f"launches {launches(apart)} -> {launches(kept)}, "
-        inputs = inputs_for(g, np.random.default_rng(0))
+        inputs = inputs_for(graph, np.random.default_rng(0))
         if inputs is None:
             rows.append(line + "not evaluated (bfloat16)")
-            return out
+            return
         with np.errstate(all="ignore"):
             verdict = compare(ev.eval_program(apart, inputs), ev.eval_program(kept, inputs))
         rows.append(line + verdict)
-        return out
 
-    def capture(gm, *a, **kw):
-        both.gm = gm
-        return real_fx(gm, *a, **kw)
-
-    real_device = sdpa.on_fused_device
-    backend.compile_cached, backend.compile_fx = both, capture
-    sdpa.on_fused_device = lambda *ts: True  # attention traced as for a GPU (gpu_plan.py)
-    try:
-        zoo.run_one(name, "saturn:0", dtype, "tiny", repeats=1, baselines="none", training=training)
-    finally:
-        backend.compile_cached, backend.compile_fx = real, real_fx
-        sdpa.on_fused_device = real_device
+    gpu_plan.each_graph(name, dtype, "tiny", visit, training=training)
     return rows
 
 
