@@ -380,6 +380,24 @@ def test_an_embedding_block_trains_replayed_on_the_gpu():
     assert [k.kind for k in forward.compiled.program.kernels].count("row_stat") == 2
 
 
+def _trained_on_the_gpu(f, tensors, g):
+    """``f`` compiled on saturn:1, its output and the gradients of ``(f(*tensors) * g).sum()``
+    checked against eager on the CPU; the forward and backward programs."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    want = f(*leaves)
+    (want * g).sum().backward()
+    dev = [t.detach().to("saturn:1").requires_grad_() for t in tensors]
+    before = backend.CACHE.compiles
+    got = torch.compile(f, backend="saturn", dynamic=False)(*dev)
+    (got * g.to("saturn:1")).sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for t, ref in zip(dev, leaves, strict=True):
+        torch.testing.assert_close(t.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
+    assert backend.CACHE.compiles - before == 2
+    forward, backward = list(backend.CACHE.items.values())[-2:]
+    return forward.compiled.program, backward.compiled.program
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("rows", "width"), [(4096, 48), (64, 768), (3, 1100)])
 def test_a_layer_norm_trains_on_the_gpu_with_statistics_from_its_rows_kernel(rows, width):
@@ -399,18 +417,7 @@ def test_a_layer_norm_trains_on_the_gpu_with_statistics_from_its_rows_kernel(row
     def f(x, w, b):
         return torch.nn.functional.layer_norm(x * 2.0, (width,), w, b, 1e-5)
 
-    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    want = f(*leaves)
-    (want * g).sum().backward()
-    dev = [t.to("saturn:1").requires_grad_() for t in (x, w, b)]
-    before = backend.CACHE.compiles
-    got = torch.compile(f, backend="saturn", dynamic=False)(*dev)
-    (got * g.to("saturn:1")).sum().backward()
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    for t, ref in zip(dev, leaves, strict=True):
-        torch.testing.assert_close(t.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
-    assert backend.CACHE.compiles - before == 2
-    forward = list(backend.CACHE.items.values())[-2].compiled.program
+    forward, _ = _trained_on_the_gpu(f, (x, w, b), g)
     kinds = [k.kind for k in forward.kernels]
     assert kinds.count("row_stat") == 2 and "reduce" not in kinds, forward.to_text()
 
@@ -432,18 +439,7 @@ def test_a_batch_norm_backward_sums_its_gradients_in_shared_kernels_on_the_gpu(
     def f(x, w, b):
         return torch.nn.functional.batch_norm(x, None, None, w, b, True, 0.1, 1e-5).relu()
 
-    leaves = [t.detach().clone().requires_grad_() for t in (x, bn.weight, bn.bias)]
-    want = f(*leaves)
-    (want * g).sum().backward()
-    dev = [t.detach().to("saturn:1").requires_grad_() for t in (x, bn.weight, bn.bias)]
-    before = backend.CACHE.compiles
-    got = torch.compile(f, backend="saturn", dynamic=False)(*dev)
-    (got * g.to("saturn:1")).sum().backward()
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
-    for t, ref in zip(dev, leaves, strict=True):
-        torch.testing.assert_close(t.grad.cpu(), ref.grad, rtol=1e-4, atol=1e-4)
-    assert backend.CACHE.compiles - before == 2
-    backward = list(backend.CACHE.items.values())[-1].compiled.program
+    _, backward = _trained_on_the_gpu(f, (x, bn.weight, bn.bias), g)
     written = {k.inputs[0].value for k in backward.kernels if k.kind == "row_stat"}
     beside = [k for k in backward.kernels if k.kind == "reduce" and k.output in written]
     assert beside and all(len(k.attrs["stats"]) >= 1 for k in beside), backward.to_text()
