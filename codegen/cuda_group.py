@@ -8,11 +8,28 @@ from __future__ import annotations
 
 import math
 
-from saturn.eqsat.program import Kernel, leaves
+from saturn.eqsat.kinds import Kind
+from saturn.eqsat.program import Kernel, Operand, leaves
 
 from .cuda_reads import _operand_reads, compute_dtype, store_expr, stored_body
 from .expr import BodyWriter
 from .generated import Params
+
+WIDTH = {1: "u8", 2: "i16", 4: "i32", 8: "i64"}  # bit for bit: an integer of each width
+
+
+def copy_group(sizes: list[tuple[int, int]]) -> Kernel:
+    """A loop group copying packed values of ``(element width, elements)`` each, bit for
+    bit: the first to its output, the others to the values written beside it (a GPU call's
+    input writes, ``device/runner_writes.py``)."""
+    dtypes = [WIDTH[w] for w, _ in sizes]
+    inputs = [Operand(f"src{j}", dtypes[j], (n,), "same") for j, (_, n) in enumerate(sizes)]
+    n0 = sizes[0][1]
+    attrs = {
+        "stats": tuple((("in", j), dtypes[j]) for j in range(1, len(sizes))),
+        "segments": tuple((n,) for _, n in sizes[1:]),
+    }
+    return Kernel(Kind.LOOP, "dst0", dtypes[0], (n0,), inputs, ("in", 0), (n0,), attrs)
 
 
 def is_group(k: Kernel) -> bool:

@@ -51,6 +51,7 @@ from .profiling import step_range
 from .runner_lending import Lending
 from .runner_plans import LibraryPlans, layout
 from .runner_replay import Replay, WordCheck
+from .runner_writes import WriteBack
 from .steps import check_operands, const_tensor
 
 log = logging.getLogger("saturn")
@@ -90,12 +91,13 @@ class GpuRunner(LibraryPlans, Lending, Replay):
             for s in prog.steps:
                 if s.kind == StepKind.KERNEL:
                     BUILD[s.kernel.kind](self, s, cc)
+            self._in_place_writes(prog, cc)
             # every kernel the first call will launch, built in parallel now (or found on
             # disk) rather than one after another as the call reaches it
             gens = [g for k in self.kernels.values() for g in k.expected()]
             gens += [g for k in self.launchers.values() for g in k.expected()]
+            gens += self.write_back.expected()
             cg.precompile(gens, cc)
-        self._in_place_writes(prog)
         # device memory is made at the first call: compilation runs under fake tensors
         self.arena: torch.Tensor | None = None
         # storages every call rewrites (their StorageImpl address -> [start, end) address)
@@ -164,7 +166,7 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 if s.kind == StepKind.CONST
             }
 
-    def _in_place_writes(self, prog) -> None:
+    def _in_place_writes(self, prog, cc) -> None:
         """The input writes (``Recipe.writes``) a call makes itself, as its last work (in
         the replayed graph): those of a kernel's value into a device input. Not where a
         take's index is checked after the call (``_check_indices``): a call that raises
@@ -180,6 +182,9 @@ class GpuRunner(LibraryPlans, Lending, Replay):
                 if v in kernels:
                     self.in_place.append((i, v))
         self.wrote = {i for i, _ in self.in_place}
+        by_output = {s.output: s for s in prog.steps}
+        writes = [(i, v, by_output[v].dtype, by_output[v].shape) for i, v in self.in_place]
+        self.write_back = WriteBack(writes, cc)  # small ones a few to a launch
 
     def _not_capturable(self) -> str | None:
         inputs = set(self.r._position)
@@ -217,8 +222,7 @@ class GpuRunner(LibraryPlans, Lending, Replay):
             else:  # crossings and host steps (never captured: see _not_capturable)
                 with step_range(s, self.r._labels):
                     env[s.output] = self.r._step(s, env, stats)
-        for i, v in self.in_place:  # after every step: a failed call wrote nothing
-            strided_copy(env[v], prepared[i])
+        self.write_back.run(env, prepared, self.stream)  # last: a failed call wrote nothing
         return env
 
     def _view(self, s: Step, src: torch.Tensor) -> torch.Tensor:

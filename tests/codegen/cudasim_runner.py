@@ -1222,6 +1222,33 @@ def run_half_row_producers() -> int:
     return 0 if same else 1
 
 
+def run_copy_groups() -> int:
+    """A GPU call's input writes a few to a launch (``cuda_group.copy_group``): values of
+    every element width and length copied bit for bit (NaN payloads, bytes that are not
+    0 or 1), into poisoned memory."""
+    from saturn.codegen.cuda_group import WIDTH, copy_group
+
+    rng = np.random.default_rng(3)
+    failures = 0
+    for sizes in ([(4, 37), (8, 5), (2, 300), (1, 9)], [(2, 1), (2, 640)], [(8, 33)] * 3):
+        k = copy_group(sizes)
+        g = cg.generate(k)
+        fn = cuda.jit(cg.python_function(g))
+        srcs = [rng.integers(0, 256, size=w * n, dtype=np.uint8) for w, n in sizes]
+        if sizes[0][0] == 4:
+            srcs[0][:4] = (1, 0, 0xC1, 0x7F)  # as float32: a NaN with a payload
+        outs = [np.full(w * n, 0xAB, dtype=np.uint8) for w, n in sizes]
+        views = [a.view(ev.np_dtype(WIDTH[w])) for a, (w, _) in zip(srcs, sizes, strict=True)]
+        dsts = [a.view(ev.np_dtype(WIDTH[w])) for a, (w, _) in zip(outs, sizes, strict=True)]
+        sizes_args = cg.size_args(g, k, [(n,) for _, n in sizes], [(1,)] * len(sizes))
+        blocks, threads = cg.grid_for(g, sizes_args, sm_count=0.125)
+        fn[blocks, threads](dsts[0], *views, *dsts[1:], *[sizes_args[p] for p in g.params.ints])
+        same = all(np.array_equal(a, b) for a, b in zip(srcs, outs, strict=True))
+        print(f"{'ok' if same else 'FAIL'} copy group {sizes}")
+        failures += not same
+    return failures
+
+
 def run_movement() -> int:
     """Half-precision loops and reductions, and the movement kernels."""
     failures = run_halves()
@@ -1234,6 +1261,7 @@ def run_movement() -> int:
     failures += run_row_concats()
     failures += run_pads()
     failures += run_copies()
+    failures += run_copy_groups()
     return failures
 
 
