@@ -55,8 +55,10 @@ def _groups(
     compute where it runs: where the first ran when the others' operands are ready by then,
     or where the last ran when nothing reads the earlier ones before it. Programs are in
     SSA form (no step writes another's value), so moving a kernel changes no value it
-    reads; a step that reads a member's value never joins its group."""
+    reads; a step that reads a member's value never joins its group, and a value's
+    readiness is where its group now runs (``now``), not where its step was."""
     pos = {s.output: i for i, s in enumerate(prog.steps)}
+    now: dict[str, int] = {}  # a member's value -> where its group runs
     users = _users(prog)
 
     def first_read(v: str) -> float:
@@ -67,7 +69,7 @@ def _groups(
         if not candidate(s):
             continue
         reads = _reads(s.kernel)
-        ready = max((pos.get(v, -1) for v, *_ in reads), default=-1)
+        ready = max((now.get(v, pos.get(v, -1)) for v, *_ in reads), default=-1)
         for g in groups.setdefault(key(s.kernel), []):
             if len(g.members) >= most or len(reads | g.reads) > operands:
                 continue
@@ -84,6 +86,7 @@ def _groups(
             g.members.append(s)
             g.reads |= reads
             g.outputs.add(s.output)
+            now.update((m.output, g.at) for m in g.members)
             break
         else:
             groups[key(s.kernel)].append(_Group(s, i))

@@ -5,6 +5,7 @@ pass declines where that would change a value or read one before it is ready."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from saturn.eqsat import horizontal
@@ -214,3 +215,39 @@ def test_a_grouped_index_clamp_keeps_its_bounds(first, monkeypatch):
 def test_cpu_reference_programs_keep_each_loop():
     _, prog = program(UPDATES, "cpu-reference")
     assert "row_stat" not in kinds(prog)
+
+
+def test_a_reduction_reading_a_moved_sibling_waits_for_where_it_now_runs():
+    """Hand-ordered (lowering orders steps its own way): the column sum ``s1`` merges with a
+    later sibling ``s2`` whose operand ``w`` comes after it, so both run where ``s2`` was;
+    ``b``, whose sibling ``t`` ran before that, reads ``s1`` and must not join ``t`` there
+    (it would read ``s1`` before it is computed)."""
+    from saturn.eqsat import evaluate as ev
+    from saturn.eqsat.program import Kernel, Operand, Program, Step, validate
+
+    def reduce_(out, dims, shape, inputs, body):
+        attrs = {"reduce": "sum", "dims": dims, "keepdim": 0}
+        k = Kernel("reduce", out, "f32", shape, inputs, body, (4, 6), attrs)
+        return Step("kernel", out, "reduce", dtype="f32", shape=shape, kernel=k, place="device")
+
+    def xs(n: str) -> Operand:
+        return Operand(n, "f32", (4, 6), "same")
+
+    s1 = reduce_("s1", (0,), (6,), [xs("x")], ("in", 0))
+    t = reduce_("t", (1,), (4,), [xs("z")], ("in", 0))
+    loop = Kernel("loop", "w", "f32", (4, 6), [xs("v")], ("exp", ("in", 0)), (4, 6))
+    w = Step("kernel", "w", "loop", dtype="f32", shape=(4, 6), kernel=loop, place="device")
+    s2 = reduce_("s2", (0,), (6,), [xs("x"), xs("w")], ("mul", ("in", 0), ("in", 1)))
+    trailing = Operand("s1", "f32", (6,), "trailing")
+    b = reduce_("b", (1,), (4,), [xs("z"), trailing], ("mul", ("in", 0), ("in", 1)))
+    inputs = [Step("input", n, dtype="f32", shape=(4, 6), place="device") for n in "xzv"]
+    prog = Program([*inputs, s1, t, w, s2, b], ["t", "s2", "b"], {n: n for n in "xzv"})
+    validate(prog)
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal((4, 6)).astype(np.float32) for n in "xzv"}
+    want = ev.eval_program(prog, values)  # before the pass, which renames the steps
+    merged = horizontal.merge_siblings(prog)
+    validate(merged)
+    assert [s.covers for s in merged.steps if "stats" in getattr(s.kernel, "attrs", {})]
+    for g, w_ in zip(ev.eval_program(merged, values), want, strict=True):
+        assert np.array_equal(g, w_)
