@@ -27,21 +27,22 @@ class WriteBack:
             (small if 0 < n <= GROUP_NUMEL_MAX and width in WIDTH else self.single).append(
                 (i, v, width, n)
             )
-        self.groups: list[tuple[list[tuple[int, str, int, int]], cg.CudaKernel]] = []
+        # (members, kernel, its operands' shapes and strides: packed, flat)
+        self.groups: list[tuple[list[tuple[int, str, int, int]], cg.CudaKernel, list, list]] = []
         for at in range(0, len(small), GROUP_MAX):
             members = small[at : at + GROUP_MAX]
             if len(members) == 1:
                 self.single += members
                 continue
-            k = copy_group([(w, n) for *_, w, n in members])
-            self.groups.append((members, cg.CudaKernel(k, cc)))
+            k = cg.CudaKernel(copy_group([(w, n) for *_, w, n in members]), cc)
+            self.groups.append((members, k, [(n,) for *_, n in members], [(1,)] * len(members)))
 
     def expected(self) -> list:
         """The group kernels' variants, to build before the first call."""
-        return [g for _, k in self.groups for g in k.expected()]
+        return [g for _, k, *_ in self.groups for g in k.expected()]
 
     def run(self, env: dict, prepared: list, stream: int) -> None:
-        for members, kernel in self.groups:
+        for members, kernel, shapes, strides in self.groups:
             src = [env[v] for _, v, *_ in members]
             dst = [prepared[i] for i, *_ in members]
             packed = all(
@@ -56,8 +57,8 @@ class WriteBack:
                 stream,
                 dst[0].data_ptr(),
                 [s.data_ptr() for s in src],
-                [(n,) for *_, n in members],
-                [(1,)] * len(members),
+                shapes,
+                strides,
                 stat_ptrs=tuple(d.data_ptr() for d in dst[1:]),
             )
         for i, v, *_ in self.single:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from .extract import DEVICE
 from .kernel_fusion import _remap, _users
 from .kinds import Kind
-from .program import Expr, Kernel, Operand, Program, Step, StepKind, renumber, validate
+from .program import Expr, Kernel, Operand, Program, Step, StepKind, moved
 from .rows_fusion import _stat_step
 
 SIBLINGS_MAX = 4  # reductions one kernel accumulates (registers and shared memory each)
@@ -36,10 +36,11 @@ def _reads(k: Kernel) -> set[tuple]:
 class _Group:
     """Kernel steps to merge, emitted at position ``at`` of the program."""
 
-    def __init__(self, s: Step, at: int) -> None:
+    def __init__(self, s: Step, at: int, read_at: float) -> None:
         self.members, self.at = [s], at
         self.reads = _reads(s.kernel)
         self.outputs = {s.output}
+        self.read_at = read_at  # where a step first reads a member's value
 
 
 def _groups(
@@ -64,33 +65,40 @@ def _groups(
     def first_read(v: str) -> float:
         return min((pos[u] for u in users.get(v, ()) if u in pos), default=math.inf)
 
-    groups: dict[tuple, list[_Group]] = {}
+    open_: dict[tuple, list[_Group]] = {}  # groups that may still take a member
+    done: list[_Group] = []
     for i, s in enumerate(prog.steps):
         if not candidate(s):
             continue
         reads = _reads(s.kernel)
         ready = max((now.get(v, pos.get(v, -1)) for v, *_ in reads), default=-1)
-        for g in groups.setdefault(key(s.kernel), []):
-            if len(g.members) >= most or len(reads | g.reads) > operands:
-                continue
+        groups = open_.setdefault(key(s.kernel), [])
+        for g in groups:
             if shares and not reads & g.reads:
                 continue
             if any(v in g.outputs for v, *_ in reads):  # computed by the same launch
                 continue
+            if len(reads | g.reads) > operands:
+                continue
             if ready < g.at:  # its operands are ready where the group runs
                 pass
-            elif all(first_read(m.output) > i for m in g.members):  # the group can run here
+            elif g.read_at > i:  # nothing read a member yet: the group can run here
                 g.at = i
             else:
                 continue
             g.members.append(s)
             g.reads |= reads
             g.outputs.add(s.output)
+            g.read_at = min(g.read_at, first_read(s.output))
             now.update((m.output, g.at) for m in g.members)
+            if len(g.members) == most:
+                groups.remove(g)
+                done.append(g)
             break
         else:
-            groups[key(s.kernel)].append(_Group(s, i))
-    return [g for gs in groups.values() for g in gs if len(g.members) > 1]
+            groups.append(_Group(s, i, first_read(s.output)))
+    every = done + [g for gs in open_.values() for g in gs]
+    return [g for g in every if len(g.members) > 1]
 
 
 def _merged(members: list[Step], attrs: Callable[[list[Step], list], dict]) -> list[Step]:
@@ -147,14 +155,7 @@ def _rebuilt(prog: Program, groups: list[_Group], attrs) -> Program:
     at: dict[int, list[Step]] = {}
     for g in groups:
         at.setdefault(g.at, []).extend(_merged(g.members, attrs))
-    steps: list[Step] = []
-    for i, s in enumerate(prog.steps):
-        if s.output not in gone:
-            steps.append(s)
-        steps += at.get(i, [])
-    out = renumber(Program(steps, prog.outputs, prog.inputs))
-    validate(out)
-    return out
+    return moved(prog, gone, at)
 
 
 # --- sibling reductions ----------------------------------------------------------------

@@ -250,6 +250,20 @@ def renumber(prog: Program) -> Program:
     )
 
 
+def moved(prog: Program, gone: set[str], after: dict[int, list[Step]]) -> Program:
+    """``prog`` without the steps whose values are in ``gone`` and with ``after[i]`` right
+    after its step ``i`` (``after[-1]`` before the first): where a pass places the kernels
+    it made. Renumbered and validated (a step placed before what it reads raises)."""
+    steps = list(after.get(-1, []))
+    for i, s in enumerate(prog.steps):
+        if s.output not in gone:
+            steps.append(s)
+        steps += after.get(i, [])
+    out = renumber(Program(steps, prog.outputs, prog.inputs))
+    validate(out)
+    return out
+
+
 def validate(prog: Program) -> None:
     defined: set[str] = set()
     for s in prog.steps:

@@ -19,8 +19,7 @@ from .program import (
     Stage,
     Step,
     StepKind,
-    renumber,
-    validate,
+    moved,
 )
 
 
@@ -223,11 +222,4 @@ def fuse_rows(prog: Program) -> Program:
         gone |= group | loops
     if not fused:
         return prog
-    steps = list(anchored.get(-1, []))  # before the first step
-    for i, s in enumerate(prog.steps):
-        if s.output not in gone and s.output not in fused:
-            steps.append(s)
-        steps += anchored.get(i, [])
-    out = renumber(Program(steps, prog.outputs, prog.inputs))
-    validate(out)
-    return out
+    return moved(prog, gone | fused, anchored)

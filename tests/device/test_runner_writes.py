@@ -26,7 +26,7 @@ def written(monkeypatch, writes, env, prepared):
     rec = Recorded()
     monkeypatch.setattr(runner_writes, "strided_copy", lambda s, d: rec.copies.append((s, d)))
     wb = runner_writes.WriteBack(writes, (9, 0))
-    for _, kernel in wb.groups:
+    for _, kernel, *_ in wb.groups:
         monkeypatch.setattr(kernel, "launch", rec.launch)
     wb.run(env, prepared, 7)
     return wb, rec
@@ -47,7 +47,7 @@ def test_small_writes_are_grouped_each_to_its_input(monkeypatch):
     assert call["stats"] == (prepared[1].data_ptr(), prepared[2].data_ptr())
     assert call["ins"] == [env[f"v{j}"].data_ptr() for j in range(3)]
     assert call["shapes"] == [(15,), (7,), (8,)]
-    ((_, kernel),) = wb.groups
+    ((_, kernel, *_),) = wb.groups
     assert [o.dtype for o in kernel.k.inputs] == ["i32", "i64", "i16"]  # by element width
 
 

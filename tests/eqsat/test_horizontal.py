@@ -5,6 +5,8 @@ pass declines where that would change a value or read one before it is ready."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -93,30 +95,21 @@ def test_a_statistic_lives_from_its_reduction_in_the_memory_plan():
     check_values(graph, prog)
 
 
-def test_declines_where_one_reads_the_other():
-    graph, prog = program(
-        "(input x f32 [7 8])\n(input y f32 [7 8])\n(let a (Sum x [1] 1))\n(let c (Add y a))\n"
-        "(let b (Sum (Mul x c) [1] 1))\n(output a b)\n"
-    )
-    assert kinds(prog) == ["reduce", "reduce"], prog.to_text()
-    check_values(graph, prog)
-
-
-def test_declines_over_other_axes_kinds_or_keepdims():
-    for second in ("(Sum (Mul x y) [1] 0)", "(Amax (Mul x y) [0] 0)", "(Sum (Mul x y) [0] 1)"):
-        graph, prog = program(
-            f"(input x f32 [6 40])\n(input y f32 [6 40])\n(let a (Sum x [0] 0))\n"
-            f"(let b {second})\n(output a b)\n"
-        )
-        assert "row_stat" not in kinds(prog), (second, prog.to_text())
-        check_values(graph, prog)
-
-
-def test_declines_without_a_common_operand():
-    graph, prog = program(
-        "(input x f32 [6 40])\n(input y f32 [6 40])\n(let a (Sum x [0] 0))\n"
-        "(let b (Sum (Exp y) [0] 0))\n(output a b)\n"
-    )
+@pytest.mark.parametrize(
+    "lets",
+    [
+        # one reads the other
+        "(let a (Sum x [1] 1))\n(let c (Add y a))\n(let b (Sum (Mul x c) [1] 1))\n",
+        # other axes, another kind, another keepdim
+        "(let a (Sum x [0] 0))\n(let b (Sum (Mul x y) [1] 0))\n",
+        "(let a (Sum x [0] 0))\n(let b (Amax (Mul x y) [0] 0))\n",
+        "(let a (Sum x [0] 0))\n(let b (Sum (Mul x y) [0] 1))\n",
+        # no common operand
+        "(let a (Sum x [0] 0))\n(let b (Sum (Exp y) [0] 0))\n",
+    ],
+)
+def test_two_reductions_stay_apart(lets):
+    graph, prog = program(f"(input x f32 [6 40])\n(input y f32 [6 40])\n{lets}(output a b)\n")
     assert kinds(prog) == ["reduce", "reduce"], prog.to_text()
     check_values(graph, prog)
 
@@ -201,7 +194,7 @@ def test_a_grouped_index_clamp_keeps_its_bounds(first, monkeypatch):
     graph, apart = program(text)
     pos = {s.covers[0]: j for j, s in enumerate(apart.steps) if s.kernel is not None}
     clamp, exp = apart.steps[pos["i"]], apart.steps[pos["e"]]
-    group = horizontal._Group(clamp if first else exp, min(pos["i"], pos["e"]))
+    group = horizontal._Group(clamp if first else exp, min(pos["i"], pos["e"]), math.inf)
     group.members.append(exp if first else clamp)
     prog = horizontal._rebuilt(apart, [group], horizontal._group_attrs)
     (step,) = [s for s in prog.steps if s.covers == ["i"]]

@@ -263,7 +263,8 @@ def test_compiled_optimizer_step_matches_eager(kind, device):
     one-tensor and (PyTorch's default) multi-tensor forms. No op of the compiled step runs
     through the CPU fallback, and the parameters match eager CPU training after 20 steps.
     On saturn:0 none stays on the host; on a GPU the small parameters' updates run a few
-    to a launch (``horizontal.group_loops``)."""
+    to a launch (``horizontal.group_loops``), and so do their writes into the parameters
+    (``runner_writes.py``)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -293,12 +294,15 @@ def test_compiled_optimizer_step_matches_eager(kind, device):
             assert saturn.fallback_counts() == counted, "the compiled step used the fallback"
     assert backend.CACHE.fallbacks[fallbacks_before:] == []
     assert_parameters_match(ref, dev)
-    prog = next(reversed(backend.CACHE.items.values())).compiled.program
+    last = next(reversed(backend.CACHE.items.values()))
+    prog = last.compiled.program
     if device == DEV:
         assert prog.count("host") == 0 and prog.count("crossing") == 0, prog.to_text()
     else:
         groups = [k for k in prog.kernels if k.kind == "loop" and "segments" in k.attrs]
         assert groups and any(k.kind == "row_stat" for k in prog.kernels), prog.to_text()
+        # and the new parameters went back into the model's tensors by grouped copies
+        assert last.recipe.runner.write_back.groups, last.recipe.runner.in_place
 
 
 def test_training_and_optimizer_graphs_emit_gpu_kernels():
