@@ -376,8 +376,13 @@ def test_gpu_collective_aliases_saturns_memory(group_of_one):
     a = cuda_alias(t)
     assert a.device == torch.device("cuda", 0) and a.data_ptr() == t.data_ptr()
     assert a.shape == t.shape and a.dtype == t.dtype
-    b = cuda_alias(torch.ones(3, dtype=torch.bfloat16, device="saturn:1"))  # no type string
+    # The alias does not keep its source alive, and saturn's stream is not torch's: hold the
+    # source, and let saturn's fill finish before CUDA reads it.
+    ones = torch.ones(3, dtype=torch.bfloat16, device="saturn:1")
+    b = cuda_alias(ones)  # bfloat16 has no type string
+    torch.saturn.synchronize("saturn:1")
     assert b.dtype == torch.bfloat16 and torch.equal(b.cpu(), torch.ones(3, dtype=torch.bfloat16))
+    assert b.data_ptr() == ones.data_ptr()
 
 
 @pytest.mark.gpu
