@@ -17,8 +17,10 @@ What is measured, per model, in that process (inference, no_grad, eval mode):
   call        median wall time of REPEATS calls (synchronized) for saturn, eager and,
               on a GPU, Inductor (default mode, and max-autotune-no-cudagraphs with
               --baselines autotune; their first calls too), all in the same process;
-              with --jobs N models compile side by side and are timed one at a time,
-              every other model paused (_slot)
+              with --jobs N models build side by side; every first call (saturn's
+              compiles and its timed library choices, Inductor's compiles) and every
+              timed call runs alone, every other model and reference process paused
+              (_slot)
   memory      peak device memory of saturn's and eager's calls, and what saturn's runners
               hold: the memory plan's arenas and the library plans' workspaces (GPU only)
 
@@ -270,11 +272,14 @@ def _timed(fn, args, sync, repeats: int = REPEATS) -> float:
 
 @contextlib.contextmanager
 def _slot(exclusive: bool):
-    """With ``--jobs`` above one the driver names a lock file (``ZOO_TIMING_LOCK``): a
-    model builds, compiles and checks itself holding it shared, beside the others, and is
-    timed holding it alone (``exclusive``), so no other model's compile or first run shares
-    the GPU or the host with a timed call. A gate file beside it lets a waiting timer in
-    first: shared holders queue behind it instead of starving it."""
+    """The driver names a lock file (``ZOO_TIMING_LOCK``): a model (and a training row's
+    reference process) builds and checks itself holding it shared, beside the others, and
+    makes its first calls and its timed calls holding it alone (``exclusive``). Saturn's
+    first call times library candidates (cuBLASLt algorithms, cuDNN engines) and keeps the
+    fastest, on disk too: timed beside another process's GPU work, a slow candidate can
+    win and stay. A gate file beside it lets a waiting holder in first: shared holders
+    queue behind it instead of starving it. A process never asks for it alone while it
+    holds it shared (that would wait for itself)."""
     path = os.environ.get("ZOO_TIMING_LOCK")
     if not path:
         yield
@@ -381,7 +386,7 @@ def run_one(
     import saturn  # noqa: F401
     from saturn import backend
 
-    shared = contextlib.ExitStack()  # building, compiling, checking: beside other models
+    shared = contextlib.ExitStack()  # building and eager's reference: beside other models
     shared.enter_context(_slot(exclusive=False))
     dtype = getattr(torch, dtype_name)
     gpu = device != "saturn:0"
@@ -404,6 +409,7 @@ def run_one(
     sync_ref = torch.cuda.synchronize if gpu else (lambda: None)
     sync_sat = (lambda: torch.saturn.synchronize(device)) if gpu else (lambda: None)
     m_s, x_s = on(device, dtype)
+    shared.close()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     before_fb, failed = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
@@ -413,11 +419,12 @@ def run_one(
     if gpu:
         torch.saturn.reset_peak_memory_stats(device)
     try:
-        t = time.perf_counter()
-        with torch.no_grad():
-            got = _first(compiled(*x_s)).float().cpu()
-        sync_sat()
-        row["first_call_s"] = time.perf_counter() - t
+        with _slot(exclusive=True):
+            t = time.perf_counter()
+            with torch.no_grad():
+                got = _first(compiled(*x_s)).float().cpu()
+            sync_sat()
+            row["first_call_s"] = time.perf_counter() - t
     except Exception as e:
         row.update(correct=False, error=f"{type(e).__name__}: {str(e)[:300]}")
         return row
@@ -435,8 +442,10 @@ def run_one(
         row["error"] = err / scale
         row["correct"] = bool(err / scale <= 2 * max(eager_err, 1e-3) and not math.isnan(err))
     row["eager_error"] = eager_err
-    inductors = {}  # row key -> compiled: compiled beside the other models, timed alone below
+    inductors = {}  # row key -> compiled (alone, as saturn was), timed alone below
+    alone = contextlib.ExitStack()  # Inductor's first calls, saturn's recompile: alone
     if gpu and baselines in ("all", "autotune"):
+        alone.enter_context(_slot(exclusive=True))
         modes = INDUCTOR_MODES if baselines == "autotune" else INDUCTOR_MODES[:1]
         for key, mode in modes:
             try:
@@ -450,12 +459,12 @@ def run_one(
                 inductors[key] = ind
             except Exception as e:
                 row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        # the resets dropped saturn's Dynamo cache: compile it again here, beside the other
-        # models, not in the first of its timed calls
+        # the resets dropped saturn's Dynamo cache: compile it again here (its library
+        # choices are kept), not in the first of its timed calls
         with torch.no_grad():
             compiled(*x_s)
         sync_sat()
-    shared.close()
+    alone.close()
     with _slot(exclusive=True):
         row["saturn_s"] = _timed(compiled, x_s, sync_sat, repeats)
         if baselines != "none":
@@ -693,9 +702,10 @@ def main() -> None:
         print("ZOO " + json.dumps(row))
         return
     names = a.only or list(MODELS)
-    if a.jobs > 1:  # compile side by side, time one model at a time, alone (_slot)
-        lock = tempfile.NamedTemporaryFile(prefix="zoo-timing-", suffix=".lock", delete=False)
-        os.environ["ZOO_TIMING_LOCK"] = lock.name
+    # first calls and timed calls one at a time, alone (_slot): also with one job, where a
+    # training row's reference process runs beside its saturn process
+    lock = tempfile.NamedTemporaryFile(prefix="zoo-timing-", suffix=".lock", delete=False)
+    os.environ["ZOO_TIMING_LOCK"] = lock.name
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         rows = []
         for r in pool.map(lambda n: _child(n, a), names):
