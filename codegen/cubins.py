@@ -4,21 +4,18 @@ Numba compiles a generated kernel to PTX in about a second (its type inference a
 lowering hold the GIL), and a model has tens of distinct kernels: compiled one after
 another at the first call, that is most of a large model's first call. So the kernels a
 compiled graph will launch are built before it runs, spread over worker processes that
-import only this folder (``precompile``), and every kernel's PTX, entry name and cubin
-are kept on disk keyed by its source, the target and the compiler's versions, for every
-later call and process (``build``). This module needs no GPU: building is Numba, NVVM and nvJitLink.
+import only this folder and stay for the process (``precompile``, ``build_pool``), and
+every kernel's PTX, entry name and cubin are kept on disk keyed by its source, the target
+and the compiler's versions, for every later call and process (``build``). This module
+needs no GPU: building is Numba, NVVM and nvJitLink.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from functools import cache
@@ -193,25 +190,22 @@ def job(g: Generated) -> Job:
     return Job(g.name, g.source, tuple(g.pointer_types), tuple(g.params.ints))
 
 
-# A worker imports this folder as ``saturn.codegen`` under an empty ``saturn`` package:
-# not saturn's device package (torch, the extension), and not the caller's ``__main__``
-# (which multiprocessing's spawn would re-run: a user's script without a main guard).
-_WORKER = """
-import json, sys, types
-for name, path in (("saturn", []), ("saturn.codegen", [sys.argv[1]])):
-    m = types.ModuleType(name); m.__path__ = path; sys.modules[name] = m
-from saturn.codegen import cubins
-spec = json.load(open(sys.argv[2]))
-failed = 0
-for j in spec["jobs"]:
+def warm(cc: tuple[int, int]) -> None:
+    """Numba imported and its compiler run once on a small kernel: what a build worker
+    does when it starts, before it has work (``build_pool``)."""
     try:
-        g = cubins.Job(j[0], j[1], tuple(j[2]), tuple(j[3]))
-        cubins.build(g, tuple(spec["cc"]), spec["version"])
-    except Exception as e:
-        failed += 1
-        print(f"{j[0]}: {type(e).__name__}: {e}"[:300], file=sys.stderr)
-sys.exit(1 if failed else 0)
-"""
+        from numba import cuda
+
+        def one(x):
+            x[0] = 1.0
+
+        _target_device_hook()
+        _building.cc = cc
+        cuda.compile_ptx(one, "void(float32[::1])", cc=cc)
+    except Exception:  # the first real build pays it instead, and raises its own errors
+        pass
+    finally:
+        _building.cc = None
 
 
 def workers() -> int:
@@ -226,30 +220,32 @@ def workers() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 32))
 
 
+def start_workers(cc: tuple[int, int]) -> None:
+    """Start the process's build workers for ``cc`` now (a GPU compile's start), so that
+    their start-up runs beside tracing and saturation (``build_pool``)."""
+    n = workers()
+    if n >= 2:
+        from . import build_pool
+
+        build_pool.pool(n, cc)
+
+
 def precompile(gens: list, cc: tuple[int, int]) -> int:
-    """Build the kernels of ``gens`` (Generated) not yet on disk, spread over worker
-    processes; how many were to build. A kernel whose build fails here is left to
-    ``build`` at its first launch, which raises there with its own error."""
+    """Build the kernels of ``gens`` (Generated) not yet on disk on the process's build
+    workers; how many were to build. A kernel whose build fails here is left to
+    ``build`` at its first launch, which raises there with its own error. Without workers
+    started for ``cc``, fewer than ``PARALLEL_FROM`` kernels are left to their launch."""
+    from . import build_pool
+
     try:
         version = versions()
         todo = list({g.source: job(g) for g in gens if not built(g, cc, version)}.values())
-        n = min(workers(), len(todo))
-        if len(todo) < PARALLEL_FROM or n < 2:
+        n = workers()
+        if not todo or n < 2 or (len(todo) < PARALLEL_FROM and not build_pool.started(cc)):
             return 0
-        with tempfile.TemporaryDirectory(prefix="saturn-build-") as tmp:
-            procs = []
-            for w in range(n):
-                spec = Path(tmp) / f"jobs{w}.json"
-                share = [[j.name, j.source, j.pointer_types, j.ints] for j in todo[w::n]]
-                spec.write_text(json.dumps({"jobs": share, "cc": cc, "version": version}))
-                cmd = [sys.executable, "-c", _WORKER, str(Path(__file__).parent), str(spec)]
-                procs.append(
-                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                )
-            for proc in procs:
-                _, err = proc.communicate()
-                if proc.returncode:
-                    log.info("saturn: parallel kernel builds failed: %s", err.decode()[-500:])
+        failed = build_pool.pool(n, cc).run(todo, version)
+        if failed:
+            log.info("saturn: kernel builds in workers failed: %s", "; ".join(failed)[:500])
         return len(todo)
     except Exception as e:  # builds at first launch instead, one after another
         log.info("saturn: kernels not built in parallel: %s", str(e)[:200])

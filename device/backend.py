@@ -382,6 +382,7 @@ def saturn_backend(
     if mode is not None:  # torch.compile passes a mode only where no options are given
         options = {**options_for_mode(mode), **(options or {})}
     opts = parse(options)
+    _start_build_workers(opts, example_inputs)
     if _fullgraph() and "strict" not in (options or {}):
         # torch.compile(fullgraph=True): a graph saturn cannot compile raises, as a graph
         # break would (an explicit strict option wins)
@@ -397,6 +398,20 @@ def saturn_backend(
         keep_inference_input_mutations=KEEP_INPUT_WRITES,
     )(gm, example_inputs)
     return _rerun_on_failure(compiled, gm)
+
+
+def _start_build_workers(opts: Options, example_inputs) -> None:
+    """A GPU target's kernel-build workers started before AOTAutograd traces: their
+    start-up (Numba's import and first compile, about a second each) runs beside the
+    tracing and the e-graph instead of before the first graph's builds (``build_pool``)."""
+    try:
+        device = _target(opts, example_inputs)
+        if device.index >= 1:
+            from saturn.codegen import cubins
+
+            cubins.start_workers(tuple(torch.saturn.get_device_capability(device)))
+    except Exception as e:  # the builds start their workers themselves
+        log.debug("saturn: build workers not started early: %s", e)
 
 
 def _fullgraph() -> bool:

@@ -1,7 +1,8 @@
 """Kernels built ahead of the first call (codegen/cubins.py): ``precompile`` spreads the
-builds over worker processes that import only the codegen folder, and leaves every
-kernel's files on disk, where ``build`` finds them without compiling again. No GPU: PTX is
-Numba and NVVM, a cubin nvJitLink (PTX alone where no linker is found)."""
+builds over worker processes that import only the codegen folder and stay for the
+process (codegen/build_pool.py), and leaves every kernel's files on disk, where ``build``
+finds them without compiling again. No GPU: PTX is Numba and NVVM, a cubin nvJitLink (PTX
+alone where no linker is found)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from saturn.codegen import cubins
+from saturn.codegen import build_pool, cubins
 from saturn.codegen import cuda as cg
 
 from .test_cuda_emitter import kernels_of
@@ -31,6 +32,14 @@ GRAPHS = [
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SATURN_CACHE_DIR", str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def no_pool():
+    """Each test starts without the process's build workers, and leaves none behind."""
+    build_pool.shutdown()
+    yield
+    build_pool.shutdown()
 
 
 def _gens():
@@ -98,3 +107,50 @@ def test_a_failing_build_is_left_to_the_launch(cache, monkeypatch):
     assert not cubins.built(bad, (9, 0)) and all(cubins.built(g, (9, 0)) for g in gens)
     with pytest.raises(SyntaxError):
         cubins.build(bad, (9, 0))
+
+
+def _pids() -> set[int]:
+    return {p.pid for p in build_pool._POOL.procs if p.poll() is None}
+
+
+def test_the_workers_stay_for_the_next_graph(cache, monkeypatch):
+    """A second graph's kernels go to the workers the first graph started (no new
+    processes), and with workers running even one kernel is built there, not at launch."""
+    first = _gens()
+    second = [
+        cg.generate(k) for k in kernels_of("(input x f32 [32])\n(let r (Tanh x))\n(output r)\n")
+    ]
+    monkeypatch.setattr(cubins, "workers", lambda: 2)
+    assert cubins.precompile(first, (9, 0)) == len({g.source for g in first})
+    pids = _pids()
+    assert len(pids) == 2
+    assert cubins.precompile(second, (9, 0)) == 1 and cubins.built(second[0], (9, 0))
+    assert _pids() == pids
+
+
+def test_workers_started_early_build_a_lone_kernel(cache, monkeypatch):
+    monkeypatch.setattr(cubins, "workers", lambda: 2)
+    cubins.start_workers((9, 0))
+    assert build_pool.started((9, 0)) and not build_pool.started((8, 0))
+    g = _gens()[:1]
+    assert cubins.precompile(g, (9, 0)) == 1 and cubins.built(g[0], (9, 0))
+
+
+def test_one_worker_builds_nothing_ahead(cache, monkeypatch):
+    monkeypatch.setattr(cubins, "workers", lambda: 1)
+    cubins.start_workers((9, 0))
+    assert not build_pool.started((9, 0))
+    assert cubins.precompile(_gens(), (9, 0)) == 0
+
+
+def test_workers_gone_idle_are_started_again(cache, monkeypatch):
+    monkeypatch.setattr(cubins, "workers", lambda: 2)
+    monkeypatch.setattr(build_pool, "IDLE_S", 0.2)
+    cubins.start_workers((9, 0))
+    old = _pids()
+    for p in build_pool._POOL.procs:
+        p.wait(timeout=120)  # each exits once idle (after its start-up)
+    gens = _gens()
+    assert cubins.precompile(gens, (9, 0)) == len({g.source for g in gens})
+    assert all(cubins.built(g, (9, 0)) for g in gens)
+    assert not _pids() & old
