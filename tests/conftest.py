@@ -20,6 +20,9 @@ os.environ["SATURN_COMPILE_CACHE"] = "0"
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    # and of kernel-build workers, which stay for the process (decision 0141): eight test
+    # processes on the GPU machine's 16 cores would otherwise keep 128
+    os.environ.setdefault("SATURN_BUILD_JOBS", str(max(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def _gpu_skip_reason() -> str | None:
