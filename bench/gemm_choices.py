@@ -13,8 +13,10 @@ its candidates, every candidate's back-to-back time follows, in nvmath's order; 
 line sums, per call, what the chosen algorithms lose against each product's fastest
 candidate back to back.
 
-``--fresh`` times every choice anew (a new ``SATURN_CACHE_DIR``); without it the choices
-on disk from earlier processes are reused, as a warm process would.
+``--fresh`` times every choice anew in this process (``SATURN_COMPILE_CACHE=0``: choices
+and compiled graphs neither read from disk nor stored; the C++ extension and the kernels'
+cubins are still found there); without it the choices on disk from earlier processes are
+reused, as a warm process would.
 
     python bench/gemm_choices.py [--training] [--fresh] [--size full|tiny] NAME ...
 """
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections import defaultdict
 
 import torch
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--size", default="full", choices=["tiny", "full"])
     a = ap.parse_args()
     if a.fresh:
-        os.environ["SATURN_CACHE_DIR"] = tempfile.mkdtemp(prefix="saturn-fresh-")
+        os.environ["SATURN_COMPILE_CACHE"] = "0"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     import zoo

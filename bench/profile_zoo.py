@@ -3,7 +3,7 @@ torch.profiler) for eager CUDA and saturn (and Inductor's default mode with --in
 call, after warm-up (on a GPU machine).
 
     python bench/profile_zoo.py [--dtype float32|bfloat16] [--size full|tiny] [--inductor]
-        [--rewrites RULESET ...] [--training] NAME ...
+        [--rewrites RULESET ...] [--training] [--fresh] NAME ...
 
 The models and inputs are ``bench/zoo.py``'s; TF32 is off for both, as in the zoo.
 ``--training`` profiles saturn's training step (``bench/zoo_training.py``'s: forward,
@@ -135,7 +135,15 @@ def main() -> None:
     ap.add_argument("--rewrites", nargs="*", default=[], help="saturn's opt-in rulesets")
     ap.add_argument("--training", action="store_true", help="saturn's training step")
     ap.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="time saturn's library choices anew, not reuse those on disk (which another "
+        "process may have timed while the GPU was shared)",
+    )
     a = ap.parse_args()
+    if a.fresh:
+        os.environ["SATURN_COMPILE_CACHE"] = "0"
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in a.names:
