@@ -8,8 +8,8 @@ Tuple results are read through getitem. The output spec keeps ``None`` positions
 
 This module is the entry (``import_graph``); the ``Importer`` and the handler registry are in
 ``import_core``, the handlers in ``import_elementwise``, ``import_reductions``,
-``import_movement``, ``import_indexing``, ``import_library``, ``import_pooling`` and
-``import_conv_backward``, one family each.
+``import_movement``, ``import_joins``, ``import_indexing``, ``import_library``,
+``import_pooling`` and ``import_conv_backward``, one family each.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     import_conv_backward,
     import_elementwise,
     import_indexing,
+    import_joins,
     import_library,
     import_movement,
     import_pooling,

@@ -183,3 +183,48 @@ def test_a_reordered_as_strided_scatter_stays_pytorchs_op():
     assert [s.op.split("#")[0] for s in prog.steps if s.kind == "host"] == [
         "aten.as_strided_scatter.default"
     ], prog.to_text()
+
+
+# A rotary embedding's backward: the gradients of x[..., :r] and x[..., r:] (the rotated
+# part and the part passed through), and of rotate_half's two halves, each put back into
+# a tensor of zeros. Few pieces: joined as cat joins, views the reading loop reads.
+FEW_PIECES = {
+    "pass-through-part": (lambda b, s: torch.slice_scatter(b * 0, s, -1, 4, 16) + b, (2, 3, 5, 12)),
+    "rotated-part": (lambda b, s: torch.slice_scatter(b * 0, s, -1, 0, 4) + b, (2, 3, 5, 4)),
+    "half": (lambda b, s: torch.slice_scatter(b, -s, -1, 8, 16) * 2, (2, 3, 5, 8)),
+}
+
+
+def _special(shape) -> torch.Tensor:
+    s = torch.randn(shape)
+    s.view(-1)[:4] = torch.tensor([float("nan"), -0.0, float("inf"), float("-inf")])
+    return s
+
+
+def _kernel_kinds(prog) -> list[str]:
+    return [s.kernel.kind for s in prog.steps if s.kind == "kernel"]
+
+
+@pytest.mark.parametrize("name", sorted(FEW_PIECES))
+def test_a_slice_scatter_of_few_pieces_is_read_in_place(dev, name):
+    """No padded copy of src: base's parts and src are read in place by a loop, bit-equal
+    to eager with NaN, signed zeros and infinities among the values moved."""
+    fn, src = FEW_PIECES[name]
+    torch.manual_seed(0)
+    xs = [_special((2, 3, 5, 16)), _special(src)]
+    got, _ = _run(fn, xs, dev)
+    assert torch.equal(_bits(_one_nan(got.cpu())), _bits(_one_nan(fn(*xs))))
+    prog = last_compiled().compiled.program
+    kinds = _kernel_kinds(prog)
+    assert "pad" not in kinds and "loop" in kinds, prog.to_text()
+
+
+def test_a_slice_scatter_of_many_pieces_keeps_its_padded_copy():
+    """Lengths 1, 8 and 7 share no divisor above 1: 16 pieces, each output element would
+    read all of them. src is padded (a kernel of its own) and selected, as before."""
+    fn = lambda b, s: torch.slice_scatter(b, s, -1, 1, 9) * 2  # noqa: E731
+    xs = [_special((2, 3, 5, 16)), _special((2, 3, 5, 8))]
+    got, _ = _run(fn, xs, "saturn:0")
+    assert torch.equal(_bits(_one_nan(got.cpu())), _bits(_one_nan(fn(*xs))))
+    prog = last_compiled().compiled.program
+    assert _kernel_kinds(prog) == ["pad", "loop"], prog.to_text()
