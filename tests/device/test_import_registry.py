@@ -34,6 +34,7 @@ def test_each_family_registers_its_own_ops():
         "saturn.import_elementwise",
         "saturn.import_reductions",
         "saturn.import_movement",
+        "saturn.import_joins",
         "saturn.import_indexing",
         "saturn.import_library",
         "saturn.import_pooling",
