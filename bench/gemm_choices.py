@@ -84,21 +84,24 @@ def report(plans: list) -> None:
         run = lambda: plan.mm.execute(algorithm=algorithm, stream=plan.stream)  # noqa: E731
         return time_on_stream(run, plan.stream, 10)
 
+    def tile(plan):
+        return getattr(plan.mm.algorithms[0], "tile", None) if plan.mm.algorithms else None
+
+    # plans of one product whose operands' alignments differ may hold different choices
     groups: dict[tuple, list] = defaultdict(list)
     for p in plans:
         a, b, out, _ = p.layouts
-        groups[(a, b, out, p.epilogue, p.blas is not None, p.precision)].append(p)
+        groups[(a, b, out, p.epilogue, p.blas is not None, p.precision, tile(p))].append(p)
     lost = 0.0
     rows = []
-    for (a, b, out, epi, blas, precision), ps in groups.items():
+    for (a, b, out, epi, blas, precision, tile_), ps in groups.items():
         p = ps[0]
-        tile = getattr(p.mm.algorithms[0], "tile", None) if p.mm.algorithms else None
         chosen = b2b(p)
         # the plan of this product that timed the candidates (later ones took its choice)
         timed = next((q for q in ps if len(q.mm.algorithms) > 1), None)
         cands = [] if timed is None else [(x, b2b(timed, x)) for x in timed.mm.algorithms]
         lost += len(ps) * max(0.0, chosen - min((t for _, t in cands), default=chosen))
-        how = "cuBLAS" if blas else f"tile {tile}"
+        how = "cuBLAS" if blas else f"tile {tile_}"
         head = f"a{list(a.shape)}{list(a.strides)} b{list(b.shape)}{list(b.strides)}"
         rows.append(
             (

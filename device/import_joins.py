@@ -67,8 +67,7 @@ def cat_by_position(
     picked by its position (an arange compared; a Where per chunk), the last node named
     ``name``. None past ``CAT_CHUNKS`` chunks (each output element reads every chunk)."""
     lengths = [imp.g.nodes[n].shape[dim] for n in names]
-    g = math.gcd(*lengths)
-    k = sum(n // g for n in lengths)
+    g, k = _chunks(lengths)
     if k > CAT_CHUNKS:
         return None
     rank = len(shape)
@@ -102,6 +101,13 @@ def cat_by_position(
         )
         out = imp.add(Node(imp.fresh("cat_where"), "Where", (sel, pieces[j], out), (), dtype, grid))
     return imp.add(Node(name, "View", (out,), (shape,), dtype, shape), name)
+
+
+def _chunks(lengths: list[int]) -> tuple[int, int]:
+    """The chunk length pieces of ``lengths`` are cut into (their greatest common divisor)
+    and how many chunks that makes."""
+    g = math.gcd(*lengths)
+    return g, sum(n // g for n in lengths)
 
 
 def _cat_tree(imp: Importer, names: list[str], dim: int, name: str) -> str:
@@ -166,26 +172,24 @@ def _h_slice_scatter(imp: Importer, node: torch.fx.Node):
         return imp.add(Node(node.name, "Cast", (whole,), (dtype,), dtype, shape), node.name)
     # base's parts before and after, and src, joined: views a loop reads, where the padded
     # src below is a kernel of its own (a rotary embedding's backward: 8 a layer)
-    parts = [(0, lo), None, (hi, n)]
-    names = [
-        sn.name
-        if p is None
-        else imp.add(
-            Node(
-                imp.fresh("scatter_part"),
-                "Slice",
-                (bn.name,),
-                (dim, *p, 1),
-                dtype,
-                tuple(p[1] - p[0] if d == dim else shape[d] for d in range(rank)),
+    parts = [p for p in ((0, lo), None, (hi, n)) if p is None or p[0] < p[1]]
+    if _chunks([m if p is None else p[1] - p[0] for p in parts])[1] <= CAT_CHUNKS:
+        names = [
+            sn.name
+            if p is None
+            else imp.add(
+                Node(
+                    imp.fresh("scatter_part"),
+                    "Slice",
+                    (bn.name,),
+                    (dim, *p, 1),
+                    dtype,
+                    tuple(p[1] - p[0] if d == dim else shape[d] for d in range(rank)),
+                )
             )
-        )
-        for p in parts
-        if p is None or p[0] < p[1]
-    ]
-    joined = cat_by_position(imp, names, dim, dtype, tuple(shape), node.name)
-    if joined is not None:
-        return joined
+            for p in parts
+        ]
+        return cat_by_position(imp, names, dim, dtype, tuple(shape), node.name)
     pads = [0] * (2 * rank)
     pads[2 * dim], pads[2 * dim + 1] = lo, n - hi
     fill = float_bits(0.0)
