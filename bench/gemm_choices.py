@@ -2,14 +2,16 @@
 what every candidate costs when run the way a replay runs it (on a GPU machine).
 
 A compiled call times cuBLASLt's heuristic candidates once per distinct product
-(``codegen/gemm.GemmPlan``: nvmath's autotune, each candidate run alone after an L2
-flush from host memory) and keeps the fastest, in memory and on disk
+(``codegen/gemm.GemmPlan``, timed as ``SATURN_GEMM_TUNE`` says: back to back by default,
+or nvmath's autotune, each candidate run alone after an L2 flush) and keeps the fastest, in memory and on disk
 (``codegen/gemm_tuning``). Here, after one compiled step (``--training``: the zoo's
 training step; otherwise an inference call), every product plan is listed with how often
 it runs per call, its chosen tile and its device time back to back
 (``gemm.time_on_stream``: the stream held by a spin kernel while ten calls are enqueued,
-CUDA events around them, operands warm in L2 as in a replay). For each plan that timed
-its candidates, every candidate's back-to-back time follows, in nvmath's order; the last
+CUDA events around them, operands warm in L2 as in a replay), then ``torch.matmul``'s
+time for operands of the same layouts on CUDA (cuBLAS's own choice, what eager and
+Inductor's default mode call), then every cuBLASLt heuristic candidate's back-to-back
+time in the heuristic's order (planned again, untimed); the last
 line sums, per call, what the chosen algorithms lose against each product's fastest
 candidate back to back.
 
@@ -75,8 +77,44 @@ def main() -> None:
         report(plans)
 
 
+def torch_time(a, b) -> float:
+    """Device ms per ``torch.matmul`` (cuBLAS's own choice, as eager and Inductor's
+    default call it) of operands with ``a``'s and ``b``'s shapes and strides on CUDA,
+    back to back: ten calls between CUDA events after two warm ones."""
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
+
+    def operand(lay):
+        n = 1 + sum((d - 1) * s for d, s in zip(lay.shape, lay.strides, strict=True))
+        return torch.randn(n, device="cuda", dtype=dt).as_strided(lay.shape, lay.strides)
+
+    x, y = operand(a), operand(b)
+    for _ in range(2):
+        torch.matmul(x, y)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        torch.matmul(x, y)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 10
+
+
+def candidates(plan):
+    """A plan of ``plan``'s product over its last call's operands holding all of cuBLASLt's
+    heuristic candidates, none timed (None for cuBLAS's own choice and tf32x3 plans)."""
+    from saturn.codegen.gemm import GemmPlan
+
+    if plan.blas is not None or plan.precision != "fp32" or plan._ptrs is None:
+        return None
+    a, b, out, bias = plan.layouts
+    gelu = "separate" if plan.gelu_separate else "fused"
+    return GemmPlan(a, b, out, plan.epilogue, bias, plan._ptrs, plan.stream,
+                    autotune=False, choose=False, gelu=gelu)  # fmt: skip
+
+
 def report(plans: list) -> None:
     from saturn.codegen.gemm import time_on_stream
+    from saturn.codegen.gemm_tuning import alignment
 
     def b2b(plan, algorithm=None) -> float:
         if algorithm is None:
@@ -91,18 +129,20 @@ def report(plans: list) -> None:
     groups: dict[tuple, list] = defaultdict(list)
     for p in plans:
         a, b, out, _ = p.layouts
-        groups[(a, b, out, p.epilogue, p.blas is not None, p.precision, tile(p))].append(p)
+        aligned = tuple(alignment(x) for x in p._ptrs[:3]) if p._ptrs else ()
+        groups[(a, b, out, p.epilogue, p.blas is not None, p.precision, tile(p), aligned)].append(p)
     lost = 0.0
     rows = []
-    for (a, b, out, epi, blas, precision, tile_), ps in groups.items():
+    for (a, b, out, epi, blas, precision, tile_, aligned), ps in groups.items():
         p = ps[0]
         chosen = b2b(p)
-        # the plan of this product that timed the candidates (later ones took its choice)
-        timed = next((q for q in ps if len(q.mm.algorithms) > 1), None)
-        cands = [] if timed is None else [(x, b2b(timed, x)) for x in timed.mm.algorithms]
+        # every candidate cuBLASLt's heuristic lists for this product, in its order (a plan
+        # made again, untimed: a timed plan keeps its choice alone)
+        listed = candidates(p)
+        cands = [] if listed is None else [(x, b2b(listed, x)) for x in listed.mm.algorithms]
         lost += len(ps) * max(0.0, chosen - min((t for _, t in cands), default=chosen))
         how = "cuBLAS" if blas else f"tile {tile_}"
-        head = f"a{list(a.shape)}{list(a.strides)} b{list(b.shape)}{list(b.strides)}"
+        head = f"a{list(a.shape)}{list(a.strides)} b{list(b.shape)}{list(b.strides)} align{aligned}"
         rows.append(
             (
                 len(ps) * chosen,
@@ -118,6 +158,7 @@ def report(plans: list) -> None:
     rows.sort(key=lambda r: -r[0])
     for _, n, chosen, what, epi, precision, how, cands in rows:
         print(f"  x{n:<3d} {1e3 * chosen:8.1f} us  {what} {epi} {precision} {how}")
+        print(f"        torch.matmul on CUDA: {1e3 * torch_time(*ps[0].layouts[:2]):8.1f} us")
         for i, (alg, t) in enumerate(cands):
             print(f"        #{i} tile {getattr(alg, 'tile', None)}: {1e3 * t:8.1f} us")
     print(f"  chosen against the fastest candidate back to back: {1e3 * lost:.1f} us per call")

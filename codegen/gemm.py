@@ -33,6 +33,7 @@ The dropped ``a_lo @ b_lo`` and the rounding of ``lo`` are each about 2^-22 of a
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -257,6 +258,30 @@ def _kept(algorithm):
     return Algorithm(buf[0])
 
 
+# How a plan's candidates are timed: "back_to_back" (``time_on_stream``: five calls of each
+# candidate queued behind a spin kernel, operands warm in L2, as a replayed graph runs them
+# and as ``cublaslt.LtPlan`` times its own) or "nvmath" (nvmath's autotune: each candidate
+# alone, the L2 cache flushed from host memory between runs, median of three)
+TUNE = os.environ.get("SATURN_GEMM_TUNE", "back_to_back")
+if TUNE not in ("nvmath", "back_to_back"):
+    raise GemmError(f"SATURN_GEMM_TUNE={TUNE!r}: one of 'nvmath', 'back_to_back'")
+
+
+def fastest(mm, stream: int):
+    """The fastest of a planned ``Matmul``'s candidates, timed as ``TUNE`` says, as an
+    algorithm of its own (``_kept``)."""
+    if TUNE == "nvmath":
+        mm.autotune(iterations=3, stream=stream)
+        return _kept(mm.algorithms[0])
+    algs = mm.algorithms
+    if len(algs) == 1:
+        return _kept(algs[0])
+    times = [
+        time_on_stream(lambda a=a: mm.execute(algorithm=a, stream=stream), stream, 5) for a in algs
+    ]
+    return _kept(algs[int(np.argmin(times))])
+
+
 class GemmPlan:
     """``out = epilogue(a @ b [+ bias])`` for fixed layouts; ``run`` takes pointers."""
 
@@ -397,6 +422,7 @@ class GemmPlan:
                 key = TUNINGS.key(
                     p,
                     "nvmath",
+                    TUNE,
                     self.layouts,
                     self.epilogue,
                     self.gelu_separate,
@@ -414,8 +440,10 @@ class GemmPlan:
                 if best is None:
                     mm.plan(preferences={"limit": self.candidates}, stream=self.stream, **kw)
                     if self.autotune:
-                        mm.autotune(iterations=3, stream=self.stream)
-                        TUNINGS.put(key, _kept(mm.algorithms[0]))
+                        best = fastest(mm, self.stream)
+                        TUNINGS.put(key, best)
+                        if TUNE == "back_to_back":  # nvmath's autotune put it first
+                            mm.plan(algorithms=[best], stream=self.stream, **kw)
                 self.mms.append(mm)
         except GemmError:
             raise

@@ -100,3 +100,40 @@ def test_a_cublaslt_algorithm_is_stored_as_its_struct():
     back = gemm_tuning._decode(gemm_tuning._encode(Algorithm(buf[0])))
     assert isinstance(back, Algorithm)
     assert back.algorithm._data.tobytes() == buf[0]._data.tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tune", ["back_to_back", "nvmath"])
+def test_a_float32_plan_times_its_candidates_and_keeps_one(tune, monkeypatch):
+    """Either way of timing cuBLASLt's candidates (``gemm.TUNE``) stores one choice, the plan
+    then holds that one algorithm, and the product is eager's CPU result (float32, 1e-5)."""
+    import torch
+
+    from saturn.codegen import gemm
+
+    monkeypatch.setattr(gemm, "TUNE", tune)
+    fresh = Tunings("gemm")  # no library version: neither read from nor written to disk
+    monkeypatch.setattr(gemm, "TUNINGS", fresh)
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 192), torch.randn(192, 320) / 14
+    da, db = a.to("saturn:1"), b.to("saturn:1")
+    out = torch.empty(256, 320, device="saturn:1")
+    ptrs = (da.data_ptr(), db.data_ptr(), out.data_ptr())
+
+    def lay(t):
+        return Layout("f32", tuple(t.shape), tuple(t.stride()))
+
+    with torch.saturn.device(1):
+        p = gemm.GemmPlan(lay(da), lay(db), lay(out), "none", None, ptrs,
+                          torch.saturn.stream_handle(1))  # fmt: skip
+        p.run(ptrs)
+    torch.saturn.synchronize(1)
+    assert fresh.timed == 1
+    (key,) = fresh._choices
+    chosen = fresh._choices[key].algorithm._data.tobytes()
+    assert tune in key
+    if tune == "back_to_back":  # planned again with the fastest alone
+        assert [x.algorithm._data.tobytes() for x in p.mm.algorithms] == [chosen]
+    else:  # nvmath's autotune ordered the candidates, the fastest first
+        assert p.mm.algorithms[0].algorithm._data.tobytes() == chosen
+    torch.testing.assert_close(out.cpu(), a @ b, rtol=1e-5, atol=1e-5)
