@@ -96,7 +96,7 @@ def torch_output_extent(n: int, k: int, stride: int, pad: int, dil: int) -> int:
     return (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConvParams:
     stride: tuple[int, int]
     padding: tuple[int, int]

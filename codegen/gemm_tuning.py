@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -182,6 +183,44 @@ class Tunings:
         }
 
 
+class BuiltPlans:
+    """Library plans built and tuned in this process, shared by every step that asks the
+    same (decision 0143): a plan takes its operands' pointers at each call, so steps whose
+    problem, stream and pointer alignments are equal can run one plan. Building a cuDNN
+    plan is host work paid per step otherwise (the operation graph, the heuristic's query,
+    a plan built, the chosen one built again; a depthwise convolution's engines compiled by
+    NVRTC, up to a second each), even where the choice was timed before (``Tunings``).
+    The least recently asked plans beyond ``limit`` are dropped from the table (steps that
+    hold them keep them)."""
+
+    def __init__(self, name: str, limit: int = 1024) -> None:
+        self.name = name
+        self.limit = limit
+        self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        self.shared = 0
+
+    def get_or_make(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The plan built for ``key`` before, else ``make()`` (kept unless it raises)."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            self.shared += 1
+            return plan
+        plan = make()
+        self._plans[key] = plan
+        while len(self._plans) > self.limit:
+            self._plans.popitem(last=False)
+        return plan
+
+    def stats(self) -> dict[str, int]:
+        return {f"{self.name}_plans_shared": self.shared}
+
+    def clear(self) -> None:
+        self._plans.clear()
+        self.shared = 0
+
+
 # one table per process: cuBLASLt's handles and algorithms are the process's
 TUNINGS = Tunings("gemm", cublaslt_version)
 CONV_TUNINGS = Tunings("conv", cudnn_version)
+CONV_PLANS = BuiltPlans("conv")

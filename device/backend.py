@@ -441,7 +441,7 @@ def stats() -> dict:
     uncompiled and why, compiled calls that failed and ran uncompiled (eager did not fail),
     host steps and crossings in the graphs compiled, and eager ops that ran through the
     CPU fallback (by ATen op)."""
-    from saturn.codegen.gemm_tuning import CONV_TUNINGS, TUNINGS
+    from saturn.codegen.gemm_tuning import CONV_PLANS, CONV_TUNINGS, TUNINGS
 
     from ._runtime import fallback_counts
     from .custom_ops import fallback_counts as custom_fallbacks
@@ -457,9 +457,10 @@ def stats() -> dict:
         "eager_fallbacks": fallback_counts(),
         "custom_op_fallbacks": custom_fallbacks(),
         # library products and convolutions timed, and plans that took a choice timed
-        # before (gemm_tuning)
+        # before (gemm_tuning), and convolution steps that ran a plan built for another
         **TUNINGS.stats(),
         **CONV_TUNINGS.stats(),
+        **CONV_PLANS.stats(),
     }
 
 

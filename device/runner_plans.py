@@ -13,6 +13,7 @@ from saturn.codegen.conv import ConvError, ConvParams, ConvPlan, SplitConvPlan
 from saturn.codegen.conv_grad import ConvGradPlan
 from saturn.codegen.cublaslt import WORKSPACE_BYTES, LtPlan, offer_blas
 from saturn.codegen.gemm import GemmError, GemmPlan, Layout, time_on_stream
+from saturn.codegen.gemm_tuning import CONV_PLANS, alignment
 from saturn.eqsat.kinds import Kind
 from saturn.eqsat.optable import HALVES
 
@@ -173,9 +174,11 @@ class LibraryPlans:
         params = ConvParams(
             tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
         )
-        plan = ConvPlan(x, w, bias, out_lay, params, self.stream, self.precision == "tf32")
-        plan.autotune(ptrs, self._workspace)
-        self._scratch = None
+        tf32 = self.precision == "tf32"
+        problem = (Kind.CONV, x, w, bias, out_lay, params, tf32)
+        plan = self._shared_conv(
+            problem, ptrs, lambda: ConvPlan(x, w, bias, out_lay, params, self.stream, tf32)
+        )
         ws = self._conv_workspace(plan.workspace_size)
         if self.precision == "tf32x3" and x.dtype == "f32":
             try:
@@ -211,12 +214,26 @@ class LibraryPlans:
             tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]), a["groups"]
         )
         out = layout(self.buffers[k.output])
-        plan = ConvGradPlan(
-            a["of"], key[0], key[1], out, params, self.stream, self.precision == "tf32"
+        tf32 = self.precision == "tf32"
+        problem = (Kind.CONV_GRAD, a["of"], key[0], key[1], out, params, tf32)
+        plan = self._shared_conv(
+            problem, ptrs, lambda: ConvGradPlan(a["of"], *key[:2], out, params, self.stream, tf32)
         )
-        plan.autotune(ptrs, self._workspace)
-        self._scratch = None
         return self._keep_conv_workspace(k, plan, self._conv_workspace(plan.workspace_size))
+
+    def _shared_conv(self, problem: tuple, ptrs: tuple[int, ...], make):
+        """The cuDNN plan of ``problem`` on this stream for pointers aligned as ``ptrs``:
+        one built and tuned on this call's operands, or the one another step of the process
+        built for the same (``CONV_PLANS``, decision 0143)."""
+
+        def built():
+            plan = make()
+            plan.autotune(ptrs, self._workspace)
+            self._scratch = None
+            return plan
+
+        aligned = tuple(alignment(p) for p in ptrs)
+        return CONV_PLANS.get_or_make((*problem, self.stream, aligned), built)
 
     def _keep_conv_workspace(self, k, plan, ws: torch.Tensor):
         """One buffer for every convolution step, grown as plans need more

@@ -115,3 +115,34 @@ def test_a_shared_choice_that_does_not_build_is_timed_again():
     other = plan(graph=Refusing())
     tuned(other)
     assert other.graph.executed and other.graph.selected == 1 and other.candidates == 4
+
+
+def test_built_plans_are_shared_by_equal_keys_only():
+    """``BuiltPlans``: a key asked before gets the plan built for it (counted), another key
+    builds its own, a plan whose build raises is not kept, and past the limit the least
+    recently asked plan is dropped."""
+    from saturn.codegen.gemm_tuning import BuiltPlans
+
+    table, made = BuiltPlans("conv", limit=2), []
+
+    def make(name):
+        def build():
+            made.append(name)
+            return name
+
+        return build
+
+    assert table.get_or_make(("a", 16), make("a")) == "a"
+    assert table.get_or_make(("a", 16), make("a again")) == "a"  # shared, not built
+    assert table.get_or_make(("a", 4), make("a, less aligned")) == "a, less aligned"
+    assert made == ["a", "a, less aligned"] and table.stats() == {"conv_plans_shared": 1}
+
+    def refuses():
+        raise conv.ConvError("cuDNN could not plan this convolution")
+
+    with pytest.raises(conv.ConvError):
+        table.get_or_make(("b", 16), refuses)
+    assert table.get_or_make(("b", 16), make("b")) == "b"  # the failure was not kept
+    # limit 2: ("a", 16) was asked least recently and is dropped
+    assert table.get_or_make(("a", 16), make("a rebuilt")) == "a rebuilt"
+    assert made[-1] == "a rebuilt" and table.stats() == {"conv_plans_shared": 1}
