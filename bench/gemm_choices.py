@@ -3,9 +3,10 @@ what every candidate costs when run the way a replay runs it (on a GPU machine).
 
 A compiled call times cuBLASLt's heuristic candidates once per distinct product
 (``codegen/gemm.GemmPlan``, timed as ``SATURN_GEMM_TUNE`` says: back to back by default,
-or nvmath's autotune, each candidate run alone after an L2 flush) and keeps the fastest, in memory and on disk
-(``codegen/gemm_tuning``). Here, after one compiled step (``--training``: the zoo's
-training step; otherwise an inference call), every product plan is listed with how often
+or nvmath's autotune, each candidate run alone after an L2 flush) and keeps the fastest,
+in memory and on disk (``codegen/gemm_tuning``). Here, after one compiled step
+(``--training``: the zoo's training step; otherwise an inference call), every product
+plan is listed with how often
 it runs per call, its chosen tile and its device time back to back
 (``gemm.time_on_stream``: the stream held by a spin kernel while ten calls are enqueued,
 CUDA events around them, operands warm in L2 as in a replay), then ``torch.matmul``'s
