@@ -137,3 +137,52 @@ def test_a_float32_plan_times_its_candidates_and_keeps_one(tune, monkeypatch):
     else:  # nvmath's autotune ordered the candidates, the fastest first
         assert p.mm.algorithms[0].algorithm._data.tobytes() == chosen
     torch.testing.assert_close(out.cpu(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_way_of_timing_candidates_is_refused_at_import():
+    """``SATURN_GEMM_TUNE`` names one of two ways; anything else stops the import with a
+    message naming both, rather than timing some third way silently."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SATURN_GEMM_TUNE": "fastest"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import saturn.codegen.gemm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "SATURN_GEMM_TUNE='fastest'" in done.stderr, done.stderr[-2000:]
+    assert "'nvmath', 'back_to_back'" in done.stderr
+
+
+def test_back_to_back_keeps_the_candidate_fastest_when_queued(monkeypatch):
+    """``gemm.fastest`` with ``TUNE="back_to_back"`` times every candidate on the stream as
+    a replay runs it (``time_on_stream``) and keeps the fastest, whatever the heuristic's
+    order; a single candidate is kept untimed. A fake plan stands in for nvmath's."""
+    from saturn.codegen import gemm
+
+    times = {"first": 3.0, "second": 1.0, "third": 2.0}
+
+    class FakeMatmul:
+        def __init__(self, names):
+            self.algorithms, self.ran = list(names), []
+
+        def execute(self, algorithm=None, stream=None):
+            self.ran.append(algorithm)
+
+    def time_on_stream(fn, stream, reps=5):
+        fn()
+        return times[mm.ran[-1]]
+
+    monkeypatch.setattr(gemm, "TUNE", "back_to_back")
+    monkeypatch.setattr(gemm, "time_on_stream", time_on_stream)
+    monkeypatch.setattr(gemm, "_kept", lambda a: f"kept {a}")
+    mm = FakeMatmul(["first", "second", "third"])
+    assert gemm.fastest(mm, 0) == "kept second"
+    assert mm.ran == ["first", "second", "third"]
+    mm = FakeMatmul(["only"])
+    assert gemm.fastest(mm, 0) == "kept only" and mm.ran == []
