@@ -2,8 +2,8 @@
 what every candidate costs when run the way a replay runs it (on a GPU machine).
 
 A compiled call times cuBLASLt's heuristic candidates once per distinct product
-(``codegen/gemm.GemmPlan``, timed as ``SATURN_GEMM_TUNE`` says: back to back by default,
-or nvmath's autotune, each candidate run alone after an L2 flush) and keeps the fastest,
+(``codegen/gemm.GemmPlan``, timed as ``SATURN_GEMM_TUNE`` says: nvmath's autotune by
+default, each candidate run alone after an L2 flush, or back to back) and keeps the fastest,
 in memory and on disk (``codegen/gemm_tuning``). Here, after one compiled step
 (``--training``: the zoo's training step; otherwise an inference call), every product
 plan is listed with how often

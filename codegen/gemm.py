@@ -258,11 +258,12 @@ def _kept(algorithm):
     return Algorithm(buf[0])
 
 
-# How a plan's candidates are timed: "back_to_back" (``time_on_stream``: five calls of each
-# candidate queued behind a spin kernel, operands warm in L2, as a replayed graph runs them
-# and as ``cublaslt.LtPlan`` times its own) or "nvmath" (nvmath's autotune: each candidate
-# alone, the L2 cache flushed from host memory between runs, median of three)
-TUNE = os.environ.get("SATURN_GEMM_TUNE", "back_to_back")
+# How a plan's candidates are timed: "nvmath" (nvmath's autotune: each candidate alone, the
+# L2 cache flushed from host memory between runs, median of three; the default until the
+# other way is measured on a GPU, decision 0144) or "back_to_back" (``time_on_stream``: five
+# calls of each candidate queued behind a spin kernel, operands warm in L2, as a replayed
+# graph runs them and as ``cublaslt.LtPlan`` times its own)
+TUNE = os.environ.get("SATURN_GEMM_TUNE", "nvmath")
 if TUNE not in ("nvmath", "back_to_back"):
     raise GemmError(f"SATURN_GEMM_TUNE={TUNE!r}: one of 'nvmath', 'back_to_back'")
 
