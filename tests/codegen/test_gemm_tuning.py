@@ -114,6 +114,13 @@ def test_a_float32_plan_times_its_candidates_and_keeps_one(tune, monkeypatch):
     monkeypatch.setattr(gemm, "TUNE", tune)
     fresh = Tunings("gemm")  # no library version: neither read from nor written to disk
     monkeypatch.setattr(gemm, "TUNINGS", fresh)
+    timed, real = [], gemm.time_on_stream
+
+    def counted(fn, stream, reps=5):
+        timed.append(reps)
+        return real(fn, stream, reps)
+
+    monkeypatch.setattr(gemm, "time_on_stream", counted)
     torch.manual_seed(0)
     a, b = torch.randn(256, 192), torch.randn(192, 320) / 14
     da, db = a.to("saturn:1"), b.to("saturn:1")
@@ -132,9 +139,11 @@ def test_a_float32_plan_times_its_candidates_and_keeps_one(tune, monkeypatch):
     (key,) = fresh._choices
     chosen = fresh._choices[key].algorithm._data.tobytes()
     assert tune in key
-    if tune == "back_to_back":  # planned again with the fastest alone
+    if tune == "back_to_back":  # several candidates timed, then planned with the fastest alone
+        assert len(timed) >= 2, timed
         assert [x.algorithm._data.tobytes() for x in p.mm.algorithms] == [chosen]
-    else:  # nvmath's autotune ordered the candidates, the fastest first
+    else:  # nvmath's autotune ordered the candidates, the fastest first; none timed queued
+        assert timed == [] and len(p.mm.algorithms) >= 2
         assert p.mm.algorithms[0].algorithm._data.tobytes() == chosen
     torch.testing.assert_close(out.cpu(), a @ b, rtol=1e-5, atol=1e-5)
 
