@@ -20,10 +20,12 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 _install_array_interface()
 
 # registering kernels for saturn tensors: clone and fill_, elementwise ops on GPUs,
-# convolutions (on the host), fused LSTM/GRU cells, the custom op saturn::attention and
+# convolutions (on the host), ops whose CUDA kernel takes what the CPU's refuses (on the
+# host, eager_host), fused LSTM/GRU cells, the custom op saturn::attention and
 # scaled_dot_product_attention's fused path and its float32 gradient (sdpa, sdpa_grad)
 from . import (  # noqa: E402, F401
     eager_conv,
+    eager_host,
     eager_kernels,
     eager_matmul,
     eager_pointwise,

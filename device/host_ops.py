@@ -13,6 +13,7 @@ from saturn.eqsat import optable as ot
 from saturn.eqsat.graph import bits_float
 
 from .dtypes import TORCH_DTYPES, HostCall
+from .eager_host import HOST
 
 
 def _aten(name: str):
@@ -117,7 +118,8 @@ def call_opaque(call: HostCall, tensors: list):
     args, kwargs = call_args(call, tensors)
     if "device" in kwargs:  # a factory (arange, zeros, ...): a host step makes it on the host
         kwargs["device"] = torch.device("cpu")
-    return _aten(call.target)(*args, **kwargs)
+    # an op whose CUDA kernel takes what the CPU's refuses: CUDA's semantics (eager_host)
+    return HOST.get(call.target, _aten(call.target))(*args, **kwargs)
 
 
 def call_args(call: HostCall, tensors: list) -> tuple[list, dict]:

@@ -157,3 +157,26 @@ def test_zoo_child_rows_state_written_out_convolution_gradients():
     assert written["input_writes"] == "aot" and written["attention_grad"] == "fused", written
     plain = zoo._child("resnet18", args("cudnn"))
     assert not {"conv_grads", "input_writes", "attention_grad"} & set(plain)
+
+
+def test_mixture_of_experts_on_saturn0():
+    """transformers' Mixtral (tiny): its experts count their tokens with ``histc`` of int32
+    ids on any device but the CPU (``eager_host``), route with top-k and sort, and run
+    through transformers' grouped-product op. Compiled on saturn:0 it equals eager CPU's
+    output, with no graph or call run uncompiled."""
+    build = zoo._hf(
+        "MixtralConfig", "MixtralModel", {"num_key_value_heads": 2, "num_local_experts": 4}
+    )
+    torch.manual_seed(0)
+    model, inputs = build("tiny")
+    model = model.eval()
+    with torch.no_grad():
+        want = zoo._first(model(*inputs))
+    before, failed = len(backend.CACHE.fallbacks), len(backend.CACHE.failed_calls)
+    torch._dynamo.reset()
+    compiled = torch.compile(model.to("saturn:0"), backend="saturn", dynamic=False)
+    with torch.no_grad():
+        got = zoo._first(compiled(*[x.to("saturn:0") for x in inputs]))
+    assert backend.CACHE.fallbacks[before:] == [] and backend.CACHE.failed_calls[failed:] == []
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
