@@ -121,6 +121,8 @@ class Recipe:
     # positions eager returns packed in memory of their own (the rest of them)
     _dense_at: tuple[int, ...] = field(default=(), repr=False)
     _position: dict[str, int] = field(default_factory=dict, repr=False)
+    # per step of the host loop: the values no later step nor the outputs read
+    _dead_after: tuple[tuple[str, ...], ...] = field(default=(), repr=False)
     _consts: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -171,6 +173,7 @@ class Recipe:
         for s in self.program.steps:
             if s.kind == StepKind.KERNEL and is_body(s.kernel.kind):
                 self.kernels[s.output] = cpu.load(s.kernel)
+        self._dead_after = dead_after(self.program)
 
     # --- per call -----------------------------------------------------------------------
 
@@ -200,7 +203,10 @@ class Recipe:
             return self._finish(outs, args, prepared, stats)
         position = self._position  # program value of an input -> its position
         input_, const = StepKind.INPUT, StepKind.CONST  # looked up once a call, not a step
-        for s in self.program.steps:
+        dead = self._dead_after
+        if len(dead) != len(self.program.steps):  # a recipe run without prepare()
+            dead = self._dead_after = dead_after(self.program)
+        for i, s in enumerate(self.program.steps):
             if s.kind == input_:
                 env[s.output] = prepared[position[s.output]]
             elif s.kind == const:
@@ -212,6 +218,8 @@ class Recipe:
             else:
                 with step_range(s, self._labels):
                     env[s.output] = self._step(s, env, stats)
+            for v in dead[i]:  # memory a call holds: what is live, not all it made
+                del env[v]
         outs = [env[v] for v in self.program.outputs]
         return self._finish(outs, args, prepared, stats)
 
@@ -471,3 +479,22 @@ def _traced_float(r, dtype: str):
         return r
     want = TORCH_DTYPES.get(dtype)
     return r.to(want) if want is not None and want.is_floating_point and want != r.dtype else r
+
+
+def dead_after(program: Program) -> tuple[tuple[str, ...], ...]:
+    """For each step, the values whose last reader it is (a value no step reads: the step
+    that makes it), outputs excepted: the host loop drops them there, so a call holds the
+    values still to be read, not every intermediate it made (a training backward on
+    saturn:0 held tens of gigabytes: ConvMixer's written-out depthwise gradients)."""
+    last: dict[str, int] = {}
+    for i, s in enumerate(program.steps):
+        last[s.output] = i
+        reads = s.args if s.kernel is None else (*s.args, *(o.value for o in s.kernel.inputs))
+        for v in reads:
+            last[v] = i
+    for v in program.outputs:
+        last.pop(v, None)
+    dead: list[list[str]] = [[] for _ in program.steps]
+    for v, i in last.items():
+        dead[i].append(v)
+    return tuple(tuple(d) for d in dead)
